@@ -1,0 +1,12 @@
+"""opt-remat: choose which activations a PyTorch training step saves and which it recomputes."""
+
+from .api import Partitioner, PartitionRecord, backend, partitioner
+from .build import GraphError, build_problem
+from .costs import PROFILES, DeviceProfile, get_profile
+from .lower import lower_plan
+from .solve import BudgetError
+
+__all__ = [
+    "BudgetError", "DeviceProfile", "GraphError", "PROFILES", "PartitionRecord", "Partitioner",
+    "backend", "build_problem", "get_profile", "lower_plan", "partitioner",
+]

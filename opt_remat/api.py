@@ -1,0 +1,149 @@
+"""The public entry points: a drop-in ``partition_fn`` and a ``torch.compile`` backend."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+from torch._functorch import partitioners as tp
+
+from solvers import Plan, Problem
+from solvers.budget import parse_budget
+
+from .build import build_problem, classify, prepare_joint
+from .costs import DeviceProfile, get_profile
+from .lower import lower_plan
+from .solve import choose_plan, resolve_budget
+from .torch_reference import torch_runtime_optimized_saved
+
+# lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
+# bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
+AUTO_LAM_FRACTION_OF_BANDWIDTH = 0.1
+
+
+@dataclass
+class PartitionRecord:
+    """What one call of the partitioner decided, kept for reports and tests."""
+    problem: Problem
+    plan: Plan
+    budget_bytes: int | None
+    fw_module: fx.GraphModule
+    bw_module: fx.GraphModule
+    num_fwd_outputs: int
+    seconds: float
+
+
+@dataclass
+class Partitioner:
+    """A ``partition_fn`` for AOTAutograd (same signature as torch's min-cut partitioner)."""
+    solver: str = "mincut"
+    budget: int | float | str | None = None
+    device: str | DeviceProfile | Mapping[str, Any] = "h100"
+    options: dict[str, Any] = field(default_factory=dict)
+    count_input_bytes: bool = False
+    history: list[PartitionRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        parse_budget(self.budget)  # fail early on a budget that does not parse
+        self.profile = get_profile(self.device)
+        from solvers.registry import available
+        if self.solver not in available():
+            raise ValueError(f"unknown solver {self.solver!r}; available: {', '.join(available())}")
+
+    def solver_options(self) -> dict[str, Any]:
+        opts = dict(self.options)
+        if self.solver == "mincut" and self.budget is None:
+            lam = opts.get("lam", "auto")
+            opts["lam"] = AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth if lam == "auto" else float(lam)
+        return opts
+
+    def __call__(self, joint_module: fx.GraphModule, joint_inputs: Any, *args: Any,
+                 num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
+                 **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        start = time.perf_counter()
+        joint_module = prepare_joint(joint_module)
+        info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
+        if len(info.required_bw_nodes) == 0:  # nothing to partition: torch's save-all does it
+            return tp.default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                        static_lifetime_input_indices=static_lifetime_input_indices)
+        problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile,
+                                count_input_bytes=self.count_input_bytes, node_info=info)
+        budget = resolve_budget(
+            problem, self.budget,
+            top_anchor=lambda: problem.saved_bytes(torch_runtime_optimized_saved(joint_module, info)))
+        plan = choose_plan(problem, self.solver, budget, self.solver_options())
+        fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
+                                          static_lifetime_input_nodes=info.static_lifetime_input_nodes)
+        self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
+                                            time.perf_counter() - start))
+        return fw_module, bw_module
+
+
+def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
+                device: str | DeviceProfile | Mapping[str, Any] = "h100",
+                count_input_bytes: bool = False, **options: Any) -> Partitioner:
+    """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
+
+    ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
+    torch's ``activation_memory_budget``. ``options`` go to the solver (e.g. ``lam`` for mincut,
+    ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp).
+    """
+    return Partitioner(solver=solver, budget=budget, device=device, options=options,
+                       count_input_bytes=count_input_bytes)
+
+
+def _decompositions(name: str | Mapping | None) -> Mapping:
+    if name is None or name == "none":
+        return {}
+    if name == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+        return select_decomp_table()
+    if isinstance(name, Mapping):
+        return name
+    raise ValueError(f"decompositions must be 'inductor', 'none' or a table, got {name!r}")
+
+
+def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
+            compiler: str = "inductor", decompositions: str | Mapping | None = None,
+            partition_fn: Partitioner | None = None, **options: Any) -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions with opt-remat.
+
+    ``compiler="inductor"`` (default) runs inductor with opt-remat as its partitioner;
+    ``compiler="eager"`` runs the partitioned FX graphs as they are (with ``decompositions``,
+    "inductor" or none). The partitioner is reachable as ``backend_fn.partitioner``.
+    """
+    pfn = partition_fn or partitioner(solver, budget, **options)
+    if compiler == "inductor":
+        from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+        class _OptRematPartition(CustomPartitionerFn):
+            def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kw: Any):
+                kw.pop("compiler", None)
+                return pfn(gm, joint_inputs, **kw)
+
+            def uuid(self) -> None:
+                return None  # plans depend on solver state: never reuse cached compilations
+
+        custom = _OptRematPartition()
+
+        def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            with inductor_config.patch(custom_partitioner_fn=custom):
+                return compile_fx(gm, example_inputs)
+
+        inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
+        return inductor_backend
+    if compiler == "eager":
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.compilers import nop
+
+        eager = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=pfn,
+                             decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
+        eager.partitioner = pfn  # type: ignore[attr-defined]
+        return eager
+    raise ValueError(f"compiler must be 'inductor' or 'eager', got {compiler!r}")

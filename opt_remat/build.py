@@ -1,0 +1,197 @@
+"""Stage 2: a joint forward+backward FX graph becomes a torch-free ``solvers.Problem``.
+
+Nodes are classified as torch's partitioner does (``classify_nodes``); sizes come from
+``meta["val"]`` (symbolic sizes through their hints), storages from the fake tensors' storages
+(views share their base's), and bans from random ops, ops with side effects, collectives,
+non-aten ops and the ``recompute`` tags of selective activation checkpointing.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch._functorch import partitioners as tp
+from torch._inductor.fx_utils import get_node_storage
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.utils.checkpoint import CheckpointPolicy
+
+from solvers import Node, Problem, Role
+
+from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+
+
+class GraphError(ValueError):
+    """A joint graph that opt-remat cannot partition safely, naming the node at fault."""
+
+
+def prepare_joint(joint_module: fx.GraphModule) -> fx.GraphModule:
+    """The clean-ups torch's partitioner applies before deciding: DCE, CSE, tag clean-up and the
+    MUST_SAVE tags on collectives, effectful ops and backward-mutation sources."""
+    joint_module.graph.eliminate_dead_code()
+    joint_module.recompile()
+    if functorch_config.cse:
+        joint_module.graph = tp.fx_graph_cse(joint_module.graph)
+    if tp.has_recomputable_ops(joint_module):
+        joint_module = tp.cleanup_recompute_tags(joint_module, is_default_partition=False)
+    if not functorch_config.unsafe_allow_optimization_of_collectives:
+        tp.force_save_collectives(joint_module)
+    tp.force_save_effectful_ops(joint_module)
+    tp.force_save_bw_mutation_src(joint_module)
+    return joint_module
+
+
+def classify(joint_module: fx.GraphModule, num_fwd_outputs: int,
+             static_lifetime_input_indices: list[int] | None = None) -> tp.NodeInfo:
+    return tp.classify_nodes(joint_module, static_lifetime_input_indices or [], num_fwd_outputs)
+
+
+_ALLOWED_NAMESPACES = {"aten", "prims"}
+
+
+def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if target is operator.getitem:
+        return None
+    tag = node.meta.get("recompute")
+    if tag in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
+        return f"tagged {tag.name}"
+    if op_types.is_random(node) or (
+        isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    ):
+        return "random op"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return "higher-order op"
+    if isinstance(target, torch._ops.OpOverload):
+        if target.namespace not in _ALLOWED_NAMESPACES:
+            return f"non-aten op ({target.namespace})"  # collectives and custom ops: unknown effects
+        if target._schema.is_mutable:
+            return "mutating op"
+    if node.is_impure():
+        return "side effects"
+    return None
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        return str(list(stack.values())[-1][0])
+    return ""
+
+
+def _meta_val(node: fx.Node) -> Any:
+    if "val" in node.meta:
+        return node.meta["val"]
+    if node.op in ("placeholder", "call_function"):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+                and len(node.target._schema.returns) == 0:
+            return None
+        raise GraphError(
+            f"node {node.name!r} ({node.op} {node.target}) has no meta['val']: opt-remat cannot size "
+            "it. Trace the graph with fake tensors (AOTAutograd and torch.compile do) or use "
+            "solver='save-all' for this graph"
+        )
+    return None
+
+
+def build_problem(
+    joint_module: fx.GraphModule,
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_indices: list[int] | None = None,
+    device: str | DeviceProfile | Mapping[str, Any] = "h100",
+    count_input_bytes: bool = False,
+    node_info: tp.NodeInfo | None = None,
+) -> Problem:
+    """The save/recompute problem of a (prepared) joint graph; node names are the FX names."""
+    profile = get_profile(device)
+    info = node_info or classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
+    op_types = tp.get_default_op_list()
+    inputs = set(info.inputs)
+    _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
+    bwd_out_nodes = {o for o in bwd_outputs if isinstance(o, fx.Node)}
+
+    nodes: list[Node] = []
+    required: set[str] = set()
+    storage_of: dict[int, str] = {}  # fake storage key -> the first node name that owns it
+    storage_bytes: dict[str, int] = {}
+    for node in joint_module.graph.nodes:
+        if node.op == "output":
+            continue
+        val = _meta_val(node)
+        if node in inputs or node.op == "get_attr":
+            role = Role.INPUT
+        elif node in info.tangents_closure or node.op == "placeholder":
+            role = Role.BACKWARD  # tangents, backward seeds, and everything that reads them
+        elif info.is_required_fw(node):
+            role = Role.FORWARD
+        else:
+            role = Role.EITHER
+        if role is not Role.BACKWARD and (node in info.required_bw_nodes or node in bwd_out_nodes):
+            required.add(node.name)
+
+        # sizes and storages
+        storage: str | None = None
+        is_view = False
+        nbytes = 0
+        saveable = True
+        if isinstance(val, torch.Tensor):
+            nbytes = tensor_bytes(val)
+            key = get_node_storage(node)
+            if key is not None:
+                if key in storage_of:
+                    storage = storage_of[key]
+                    is_view = True
+                else:
+                    storage_of[key] = node.name
+                    try:
+                        storage_bytes[node.name] = max(
+                            nbytes, int(optimization_hint(val.untyped_storage().nbytes(), fallback=nbytes)))
+                    except Exception:  # storages of some subclasses cannot be sized; use the tensor
+                        storage_bytes[node.name] = nbytes
+        elif isinstance(val, torch.SymInt) or isinstance(val, torch.SymBool):
+            nbytes = 0  # a symbolic int, saved as a Python int, not as activation memory
+        elif isinstance(val, torch.SymFloat):
+            saveable = False  # torch never saves SymFloats either
+        elif isinstance(val, (list, tuple)) and role is not Role.INPUT:
+            saveable = False  # multi-output ops are saved through their getitems
+        elif val is not None and role is not Role.INPUT and not isinstance(val, (int, float, bool)):
+            saveable = False
+
+        banned = False
+        must_recompute = False
+        if role in (Role.FORWARD, Role.EITHER):
+            reason = _ban_reason(node, op_types)
+            banned = reason is not None
+            if tp.must_recompute(node):
+                if banned:
+                    warnings.warn(f"opt-remat: {node.name} ({node.target}) is tagged to be recomputed "
+                                  f"but is a {reason}; it will be saved instead", stacklevel=2)
+                else:
+                    must_recompute = True
+
+        cost = 0.0
+        if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
+            view_like = is_view or node.target is operator.getitem
+            cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
+        nodes.append(Node(
+            name=node.name,
+            role=role,
+            inputs=tuple(dict.fromkeys(i.name for i in node.all_input_nodes)),
+            bytes=nbytes,
+            storage=storage,
+            cost=cost,
+            banned=banned,
+            must_recompute=must_recompute,
+            saveable=saveable,
+            op=str(node.target) if node.op == "call_function" else node.op,
+            module=_module_path(node),
+        ))
+    return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storage_bytes,
+                   count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__)

@@ -1,0 +1,50 @@
+"""Stage 4: a plan becomes the forward and backward GraphModules that AOTAutograd runs.
+
+Uses torch's own extraction (``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints,
+as the forward's extra outputs in the order AOTAutograd expects) and torch's reordering of the
+backward, which places each recomputed value just before its first use so it is not alive longer
+than needed.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+from torch._functorch import partitioners as tp
+from torch.fx.experimental.proxy_tensor import is_sym_node
+
+from solvers import Plan
+
+
+def saved_nodes(joint_module: fx.GraphModule, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The plan's saved values as FX nodes in graph order: (tensors and others, symbolic ints)."""
+    values: list[fx.Node] = []
+    syms: list[fx.Node] = []
+    for node in joint_module.graph.nodes:
+        if node.name not in plan.saved or node.op == "get_attr":
+            continue  # get_attr nodes are copied into both graphs, never passed between them
+        (syms if is_sym_node(node) else values).append(node)
+    return values, syms
+
+
+def lower_plan(
+    joint_module: fx.GraphModule,
+    plan: Plan,
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes: object | None = None,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward modules that save ``plan.saved`` and recompute the rest just in time."""
+    values, syms = saved_nodes(joint_module, plan)
+    fw_module, bw_module = tp._extract_fwd_bwd_modules(
+        joint_module,
+        values,
+        saved_sym_nodes=syms,
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=static_lifetime_input_nodes,
+    )
+    bw_module = tp.reordering_to_mimic_autograd_engine(bw_module)
+    fw_module = tp.raise_getitems(fw_module)
+    bw_module = tp.raise_getitems(bw_module)
+    fw_module = tp.thread_graphsafe_rng_from_hops(fw_module, is_backward=False)
+    bw_module = tp.thread_graphsafe_rng_from_hops(bw_module, is_backward=True)
+    return fw_module, bw_module

@@ -1,0 +1,105 @@
+"""Stage 3: turn a budget into bytes and a problem into a verified plan, via ``solvers``."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+from typing import Any, Callable
+
+from solvers import InfeasibleError, Plan, Problem, Status, check_plan
+from solvers.budget import Fraction, format_bytes, parse_budget
+from solvers.mincut import lam_range, solve_mincut
+from solvers.registry import solve
+
+
+class BudgetError(ValueError):
+    """A budget no plan can meet; says the smallest feasible one."""
+
+    def __init__(self, budget: int, min_feasible_bytes: int, detail: str = "") -> None:
+        self.budget = budget
+        self.min_feasible_bytes = min_feasible_bytes
+        super().__init__(
+            f"budget {format_bytes(budget)} ({budget} bytes) is infeasible: the smallest plan saves "
+            f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). Raise the budget to at "
+            f"least {min_feasible_bytes} bytes{(' (' + detail + ')') if detail else ''}"
+        )
+
+
+def least_memory_plan(problem: Problem) -> Plan:
+    """The min-cut plan with the fewest saved bytes (memory first, then recompute cost)."""
+    lo, _ = lam_range(problem)
+    return solve_mincut(problem, lo)
+
+
+def inputs_only_bytes(problem: Problem) -> int:
+    """Saved bytes when everything that may be recomputed is: the bottom of fractional budgets."""
+    must_save: set[str] = set()
+    stack = list(problem.backward_reads)
+    seen: set[str] = set()
+    while stack:  # walk back through recomputable values; what cannot be recomputed is saved
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if problem.can_recompute(name):
+            stack.extend(problem.by_name[name].inputs)
+        else:
+            must_save.add(name)
+    return problem.saved_bytes(must_save)
+
+
+def resolve_budget(problem: Problem, budget: int | float | str | None,
+                   top_anchor: Callable[[], int] | None = None) -> int | None:
+    """Bytes for a budget; a fraction f means ``lo + f * (hi - lo)`` where lo is the inputs-only
+    plan's saved bytes and hi the saved bytes of torch's default min-cut (``top_anchor``) or, without
+    one, of saving everything the backward reads."""
+    parsed = parse_budget(budget)
+    if parsed is None or not isinstance(parsed, Fraction):
+        return parsed
+    lo = inputs_only_bytes(problem)
+    if top_anchor is not None:
+        hi = top_anchor()
+    else:
+        hi = problem.saved_bytes(n for n in problem.backward_reads if problem.can_save(n))
+    hi = max(hi, lo)
+    return int(math.floor(lo + float(parsed) * (hi - lo)))
+
+
+def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict[str, Any] | None = None,
+                *, fallback: bool = True) -> Plan:
+    """Solve and verify. Solver failures fall back to the min-cut plan with a warning; a budget
+    that no plan meets raises BudgetError naming the smallest feasible saved bytes."""
+    options = dict(options or {})
+    try:
+        plan = solve(problem, solver, budget, **options)
+    except InfeasibleError as exc:
+        raise BudgetError(budget if budget is not None else 0, _min_feasible(problem, exc)) from None
+    except (ValueError, TypeError):
+        raise  # bad options or input: the user's to fix, not a solver failure
+    except Exception as exc:  # a solver crash must not kill a training run
+        if not fallback or solver == "mincut":
+            raise
+        warnings.warn(f"opt-remat: solver {solver!r} failed ({type(exc).__name__}: {exc}); "
+                      "falling back to the min-cut plan", stacklevel=2)
+        plan = solve(problem, "mincut", budget)
+        plan = _with_message(plan, f"fallback after {solver} failed: {exc}")
+    if plan.status is Status.INFEASIBLE and budget is not None and plan.saved_bytes > budget:
+        raise BudgetError(budget, _min_feasible(problem, None),
+                          f"{solver} reached {plan.saved_bytes} bytes")
+    result = check_plan(problem, plan, budget=budget)
+    if not result.valid:
+        raise RuntimeError(f"opt-remat internal error: solver {solver!r} returned an invalid plan: "
+                           + "; ".join(result.errors[:5]))
+    return plan
+
+
+def _min_feasible(problem: Problem, exc: Exception | None) -> int:
+    value = getattr(exc, "min_feasible_bytes", None)
+    if isinstance(value, int):
+        return value
+    return least_memory_plan(problem).saved_bytes
+
+
+def _with_message(plan: Plan, message: str) -> Plan:
+    return replace(plan, message=message)

@@ -1,0 +1,61 @@
+"""Budgets as users write them: bytes (int or "512MiB"/"2GB") or a fraction in [0, 1]."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class Fraction(float):
+    """A budget as a fraction of the way from the least-memory plan to the min-cut plan."""
+
+
+def parse_budget(budget: int | float | str | None) -> int | Fraction | None:
+    """Bytes as an int, a fraction in [0, 1] as ``Fraction``, or None for no budget.
+
+    Ints and strings with a unit are bytes ("512MiB", "2GB", "1e9"); floats are fractions.
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise ValueError(f"budget must be bytes or a fraction in [0, 1], got {budget!r}")
+    if isinstance(budget, int):
+        if budget < 0:
+            raise ValueError(f"budget must be >= 0 bytes, got {budget}")
+        return budget
+    if isinstance(budget, float):
+        if math.isnan(budget) or budget < 0 or budget > 1:
+            raise ValueError(
+                f"a float budget is a fraction in [0, 1] (like torch's activation_memory_budget), got "
+                f"{budget}; give bytes as an int or a string such as '512MiB'"
+            )
+        return Fraction(budget)
+    if isinstance(budget, str):
+        m = _PATTERN.match(budget)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"cannot parse budget {budget!r}: expected bytes such as '1500000', '512MiB', '2GB' or "
+                "'1.5GiB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), or a fraction such as 0.5"
+            )
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if value < 0:
+            raise ValueError(f"budget must be >= 0 bytes, got {budget!r}")
+        return int(value)
+    raise ValueError(f"budget must be an int (bytes), a str like '512MiB' or a float fraction, "
+                     f"got {type(budget).__name__}")
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
