@@ -74,7 +74,9 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
     try:
         plan = solve(problem, solver, budget, **options)
     except InfeasibleError as exc:
-        raise BudgetError(budget if budget is not None else 0, _min_feasible(problem, exc)) from None
+        if budget is None:
+            raise  # no budget at all: the graph's bans and tags conflict; the message says how
+        raise BudgetError(budget, _min_feasible(problem, exc)) from None
     except (ValueError, TypeError):
         raise  # bad options or input: the user's to fix, not a solver failure
     except Exception as exc:  # a solver crash must not kill a training run

@@ -19,7 +19,7 @@ import numpy as np
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 from .registry import register
 
-_INF_BITS = 40  # finite capacities are scaled to sum below 2**40; infinity is 2**40
+_INF_BITS = 40  # finite capacities are scaled to sum to at most 2**40; infinity is 2**42
 
 
 class InfeasibleError(ValueError):
@@ -74,7 +74,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
     limit = 2**_INF_BITS - 1
     integral = all(float(c).is_integer() for c in finite)
     scale = 1.0 if (integral and total <= limit) else (limit / total if total > 0 else 1.0)
-    inf = 2**_INF_BITS
+    inf = 2 ** (_INF_BITS + 2)  # above any sum of rounded finite capacities (<= limit + #arcs)
     caps = np.fromiter(
         (inf if math.isinf(c) else int(round(c * scale)) for c in net.capacities),
         dtype=np.int64, count=len(net.capacities),
