@@ -1,0 +1,47 @@
+"""Stage 6: human-readable summaries of plans."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+from solvers import Plan, Problem
+from solvers.budget import format_bytes
+
+
+def _op_label(op: str) -> str:
+    # "aten.mm.default" -> "mm"
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else op
+
+
+def counts_by_op(problem: Problem, names: Iterable[str]) -> list[tuple[str, int]]:
+    return Counter(_op_label(problem.by_name[n].op) for n in names).most_common()
+
+
+def describe_plan(problem: Problem, plan: Plan, *, top: int = 8) -> str:
+    """What is saved and what is recomputed, by op, with predicted memory and cost."""
+    lines = [
+        f"solver {plan.solver}: status {plan.status.value}, solved in {plan.solve_time_s:.3f} s"
+        + (f", gap {plan.gap:.2%}" if plan.gap is not None else ""),
+        f"  saved for backward : {len(plan.saved):5d} values, {format_bytes(plan.saved_bytes)} predicted"
+        + (f" (budget {format_bytes(plan.budget)})" if plan.budget is not None else ""),
+        f"  recomputed         : {len(plan.recomputed):5d} values, predicted cost {plan.recompute_cost * 1e6:.2f} us",
+    ]
+    for title, names in (("saved", plan.saved), ("recomputed", plan.recomputed)):
+        ops = counts_by_op(problem, names)[:top]
+        if ops:
+            lines.append(f"  {title:10s} by op: " + ", ".join(f"{op} x{n}" for op, n in ops))
+    if plan.message:
+        lines.append(f"  note: {plan.message}")
+    return "\n".join(lines)
+
+
+def table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """A plain aligned text table."""
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
