@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 
 from solvers import Plan, Problem
-from solvers.budget import parse_budget
+from solvers.budget import Fraction, parse_budget
+from solvers.plans_io import apply_plan, read_plan_file
 
 from .build import build_problem, classify, prepare_joint
 from .costs import DeviceProfile, get_profile
 from .lower import lower_plan
 from .solve import choose_plan, resolve_budget
-from .torch_reference import torch_runtime_optimized_saved
+from .torch_reference import torch_plan, torch_runtime_optimized_saved
+
+TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the same interface
 
 # lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
 # bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
@@ -45,14 +50,17 @@ class Partitioner:
     device: str | DeviceProfile | Mapping[str, Any] = "h100"
     options: dict[str, Any] = field(default_factory=dict)
     count_input_bytes: bool = False
+    plan: str | Path | None = None  # a plan saved by ``opt-remat solve``: applied instead of solving
     history: list[PartitionRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         parse_budget(self.budget)  # fail early on a budget that does not parse
         self.profile = get_profile(self.device)
+        self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
         from solvers.registry import available
-        if self.solver not in available():
-            raise ValueError(f"unknown solver {self.solver!r}; available: {', '.join(available())}")
+        if self.solver not in available() + [TORCH_SOLVER]:
+            raise ValueError(f"unknown solver {self.solver!r}; available: "
+                             f"{', '.join(available() + [TORCH_SOLVER])}")
 
     def solver_options(self) -> dict[str, Any]:
         opts = dict(self.options)
@@ -75,7 +83,13 @@ class Partitioner:
         budget = resolve_budget(
             problem, self.budget,
             top_anchor=lambda: problem.saved_bytes(torch_runtime_optimized_saved(joint_module, info)))
-        plan = choose_plan(problem, self.solver, budget, self.solver_options())
+        if self.solver == TORCH_SOLVER and self._plan_data is None:
+            return self._torch_partition(joint_module, joint_inputs, info, problem, budget,
+                                         num_fwd_outputs, static_lifetime_input_indices, start)
+        if self._plan_data is not None:
+            plan = apply_plan(self._plan_data, problem, source=str(self.plan))
+        else:
+            plan = choose_plan(problem, self.solver, budget, self.solver_options())
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
@@ -83,17 +97,36 @@ class Partitioner:
         return fw_module, bw_module
 
 
+    def _torch_partition(self, joint_module: fx.GraphModule, joint_inputs: Any, info: tp.NodeInfo,
+                         problem: Problem, budget: int | None, num_fwd_outputs: int,
+                         static_lifetime_input_indices: list[int] | None,
+                         start: float) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """torch's own partitioner at the requested fraction (or the one that fits the bytes)."""
+        parsed = parse_budget(self.budget)
+        fraction = float(parsed) if isinstance(parsed, Fraction) else None
+        plan = torch_plan(joint_module, info, problem, budget, fraction=fraction)
+        with functorch_config.patch(activation_memory_budget=plan.extra["torch_fraction"]):
+            fw_module, bw_module = tp.min_cut_rematerialization_partition(
+                joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                static_lifetime_input_indices=static_lifetime_input_indices)
+        self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
+                                            time.perf_counter() - start))
+        return fw_module, bw_module
+
+
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
-                count_input_bytes: bool = False, **options: Any) -> Partitioner:
+                count_input_bytes: bool = False, plan: str | Path | None = None,
+                **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
     torch's ``activation_memory_budget``. ``options`` go to the solver (e.g. ``lam`` for mincut,
-    ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp).
+    ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp). ``plan``: a JSON plan
+    saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
-                       count_input_bytes=count_input_bytes)
+                       count_input_bytes=count_input_bytes, plan=plan)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:
