@@ -128,7 +128,7 @@ class Llama(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         x = self.tok(idx)
-        cos, sin = self.cos[:t], self.sin[:t]
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.head(self.norm(x))
