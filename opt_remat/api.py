@@ -141,13 +141,13 @@ def _decompositions(name: str | Mapping | None) -> Mapping:
 
 
 def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
-            compiler: str = "inductor", decompositions: str | Mapping | None = None,
+            compiler: str | Callable[..., Any] = "inductor", decompositions: str | Mapping | None = None,
             partition_fn: Partitioner | None = None, **options: Any) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions with opt-remat.
 
     ``compiler="inductor"`` (default) runs inductor with opt-remat as its partitioner;
     ``compiler="eager"`` runs the partitioned FX graphs as they are (with ``decompositions``,
-    "inductor" or none). The partitioner is reachable as ``backend_fn.partitioner``.
+    "inductor" or none); a callable is used as AOTAutograd's forward and backward compiler. The partitioner is reachable as ``backend_fn.partitioner``.
     """
     pfn = partition_fn or partitioner(solver, budget, **options)
     if compiler == "inductor":
@@ -171,12 +171,14 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
         return inductor_backend
-    if compiler == "eager":
+    if compiler == "eager" or callable(compiler):
         from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.compilers import nop
+        from torch._dynamo.backends.debugging import boxed_nop
 
-        eager = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=pfn,
+        # boxed calls let the graphs free saved values after their last use, as inductor does
+        graph_compiler = boxed_nop if compiler == "eager" else compiler
+        eager = aot_autograd(fw_compiler=graph_compiler, bw_compiler=graph_compiler, partition_fn=pfn,
                              decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
         eager.partitioner = pfn  # type: ignore[attr-defined]
         return eager
-    raise ValueError(f"compiler must be 'inductor' or 'eager', got {compiler!r}")
+    raise ValueError(f"compiler must be 'inductor', 'eager' or a graph compiler, got {compiler!r}")

@@ -114,8 +114,9 @@ def build_problem(
     info = node_info or classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     op_types = tp.get_default_op_list()
     inputs = set(info.inputs)
-    _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
+    fwd_outputs, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
     bwd_out_nodes = {o for o in bwd_outputs if isinstance(o, fx.Node)}
+    fwd_out_nodes = {o for o in fwd_outputs if isinstance(o, fx.Node)}
 
     nodes: list[Node] = []
     required: set[str] = set()
@@ -194,4 +195,6 @@ def build_problem(
             module=_module_path(node),
         ))
     return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storage_bytes,
-                   count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__)
+                   count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
+                   forward_outputs=frozenset(n.name for n in fwd_out_nodes),
+                   backward_outputs=frozenset(n.name for n in bwd_out_nodes))

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import partitioners as tp
-from torch._functorch.compilers import nop
+from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.fx_utils import get_node_storage
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
@@ -20,7 +20,7 @@ from .costs import tensor_bytes
 def save_all_backend(decompositions: Any = None) -> Callable[..., Any]:
     """torch's ``default_partition`` (save everything the backward reads) on plain FX graphs."""
     from .api import _decompositions
-    return aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=tp.default_partition,
+    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=tp.default_partition,
                         decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
 
 

@@ -70,6 +70,10 @@ class Problem:
     storage_bytes: Mapping[str, int] = field(default_factory=dict)  # missing: max member bytes
     count_input_bytes: bool = False
     name: str = "problem"
+    # for the liveness model: forward values returned to the caller (alive to the end of the
+    # forward) and backward values returned as gradients (alive to the end of the step)
+    forward_outputs: frozenset[str] = frozenset()
+    backward_outputs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -83,9 +87,11 @@ class Problem:
                         "(nodes must be listed in topological order, with no cycles)"
                     )
             seen.add(node.name)
-        for name in self.required:
-            if name not in seen:
-                raise ProblemError(f"required value {name!r} is not a node")
+        for kind, names in (("required", self.required), ("forward output", self.forward_outputs),
+                            ("backward output", self.backward_outputs)):
+            for name in names:
+                if name not in seen:
+                    raise ProblemError(f"{kind} value {name!r} is not a node")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
             if node.role is not Role.BACKWARD:
