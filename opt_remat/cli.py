@@ -1,14 +1,37 @@
-"""The ``opt-remat`` command line."""
+"""The ``opt-remat`` command line.
+
+    opt-remat run CONFIG [--set key=value ...] [--jobs N] [--executor process|ray]
+    opt-remat solve CONFIG --solver S [--budget B] -o plan.json [--set key=value ...]
+    opt-remat show plan.json
+    opt-remat compare runs/a runs/b
+    opt-remat demo [--model gpt2] [--solvers mincut cpsat] [--budget 0.5]
+
+Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import Sequence
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
 
 from solvers.budget import format_bytes
 
+EXIT_BAD_INPUT = 2
 
+
+class UsageError(ValueError):
+    """Bad command-line input (exit 2)."""
+
+
+def _err(message: str) -> None:
+    print(f"opt-remat: error: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+# ---- demo ----------------------------------------------------------------------------------------
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
@@ -45,9 +68,243 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="opt-remat", description=__doc__)
+def cli_budget(text: str | None) -> int | float | str | None:
+    """A budget as typed: "0.5" is a fraction, "1500000" bytes, "2MiB"/"1e9" bytes."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t.lower() in ("none", "null", ""):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        value = float(t)
+    except ValueError:
+        return t
+    return value if 0.0 <= value <= 1.0 else t
+
+
+# ---- run -------------------------------------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runner import materialize, ray_available, run
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    if args.executor == "ray" and not ray_available():
+        raise UsageError("--executor ray: ray is not installed; install it with: pip install 'opt-remat[ray]'")
+    cfg = load_config(args.config, args.set or [])
+    print(f"capturing {cfg.name} ...", flush=True)
+    work = materialize(cfg)  # everything is validated before the output folder is created
+    try:
+        summary = run(cfg, jobs=args.jobs, executor=args.executor, work=work,
+                      echo=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        _err(f"interrupted; the pairs done so far are in {cfg.output_dir} (rerun to resume)")
+        return 130
+    if summary.failed_verification:
+        _err(f"{summary.failed_verification} plan(s) failed verification (see the table above)")
+        return 1
+    return 0
+
+
+# ---- solve -----------------------------------------------------------------------------------------
+def _solve(args: argparse.Namespace) -> int:
+    from solvers.budget import parse_budget
+
+    from .config import TORCH_SOLVER, known_solvers, load_config
+    from .report import describe_plan
+    from .runner import RunError, _model_desc, apply_hint, fingerprint, materialize, solve_one, write_plan
+
+    budget = cli_budget(args.budget)
+    try:
+        parse_budget(budget)
+    except ValueError as exc:
+        raise UsageError(f"--budget: {exc}") from None
+    cfg = load_config(args.config, args.set or [])
+    options: dict[str, Any] = {}
+    name = args.solver
+    for spec in cfg.solvers:  # a solver listed in the config brings its options
+        if spec.label == args.solver or (spec.name == args.solver and not options):
+            name, options = spec.name, dict(spec.options)
+            if spec.label == args.solver:
+                break
+    if name not in known_solvers():
+        raise UsageError(f"--solver: unknown solver {args.solver!r}; expected one of: "
+                         f"{', '.join(known_solvers())} or a label from the config")
+    out = Path(args.output)
+    if out.exists() and out.is_dir():
+        raise UsageError(f"-o: {out} is a folder; expected a file name such as plan.json")
+    if not out.parent.exists():
+        raise UsageError(f"-o: folder {out.parent} does not exist")
+    work = materialize(cfg)
+    try:
+        work, plan, budget_bytes = solve_one(cfg, name, budget, work=work, options=options)
+    except RunError as exc:
+        if name == TORCH_SOLVER or "infeasible" in str(exc):
+            raise UsageError(str(exc)) from None
+        raise
+    write_plan(out, work.problem, plan, config=str(Path(args.config).resolve()), model=_model_desc(cfg),
+               budget_spec=budget, device=fingerprint(work, cfg)["device"], apply=apply_hint(cfg, out))
+    print(describe_plan(work.problem, plan))
+    print(f"plan for graph {work.graph_hash} ({len(work.problem.nodes)} nodes) written to {out}")
+    hint = apply_hint(cfg, out)
+    if hint:
+        print(f"apply it in training with: {hint}")
+    return 0
+
+
+# ---- show --------------------------------------------------------------------------------------------
+def _show(args: argparse.Namespace) -> int:
+    from solvers.plans_io import PlanMismatchError, read_plan_file
+
+    from .report import table
+    from .runner import format_seconds, short_op
+
+    try:
+        doc = read_plan_file(args.plan)
+    except PlanMismatchError as exc:
+        raise UsageError(str(exc)) from None
+    nodes: dict[str, dict[str, Any]] = doc.get("nodes") or {}
+    gap = doc.get("gap")
+    print(f"plan {args.plan}: solver {doc.get('solver')}, status {doc.get('status')}"
+          + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
+          + (f", solved in {doc['solve_time_s']:.3f} s" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
+    print(f"  graph {doc.get('graph_hash')} ({doc.get('graph_nodes', '?')} nodes)"
+          + (f", model {doc['model'].get('factory') or doc['model'].get('graph')}" if isinstance(doc.get("model"), dict) else ""))
+    budget = doc.get("budget")
+    print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
+          + (f" (budget {format_bytes(budget)}" + (f" = {doc['budget_spec']}" if doc.get("budget_spec") is not None else "")
+             + ")" if budget is not None else ""))
+    print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
+          f"{format_seconds(doc.get('recompute_cost'))}")
+    if doc.get("message"):
+        print(f"  note: {doc['message']}")
+    if doc.get("apply"):
+        print(f"  apply with: {doc['apply']}")
+    for title, names, metric in (("saved", doc["saved"], "bytes"), ("recomputed", doc.get("recomputed", []), "cost")):
+        if not names:
+            print(f"\n{title}: nothing")
+            continue
+        if not nodes:
+            print(f"\n{title} ({len(names)}): " + ", ".join(names))
+            continue
+        groups: dict[str, list[str]] = defaultdict(list)
+        for n in names:
+            info = nodes.get(n, {})
+            label = "graph input" if info.get("role") == "input" else short_op(info.get("op", "?"))
+            groups[label].append(n)
+        rows = []
+        for op, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            if metric == "bytes":  # each storage once; graph inputs are free unless counted
+                storages = {nodes.get(m, {}).get("storage", m): nodes.get(m, {}).get("storage_bytes",
+                                                                                    nodes.get(m, {}).get("bytes", 0))
+                            for m in members}
+                total = sum(v or 0 for v in storages.values())
+            else:
+                total = sum(nodes.get(m, {}).get(metric, 0) or 0 for m in members)
+            modules = sorted({nodes.get(m, {}).get("module", "") for m in members} - {""})
+            rows.append({"op": op, "count": len(members),
+                         metric: format_bytes(total) if metric == "bytes" else format_seconds(total),
+                         "modules": (", ".join(modules[:4]) + (f" (+{len(modules) - 4})" if len(modules) > 4 else "")) or "-",
+                         **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if args.names else {})})
+        print(f"\n{title} by op:")
+        print(table(rows, list(rows[0])))
+    return 0
+
+
+# ---- compare -----------------------------------------------------------------------------------------
+def _load_run(path: str) -> dict[str, Any]:
+    p = Path(path)
+    f = p / "results.json" if p.is_dir() else p
+    try:
+        data = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no results.json there (expected a folder written by opt-remat run)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read results: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise UsageError(f"{f}: not an opt-remat results file")
+    return data
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .report import table
+    from .runner import format_seconds, record_key, verified_text
+
+    a, b = _load_run(args.a), _load_run(args.b)
+    ra = {record_key(r): r for r in a["results"]}
+    rb = {record_key(r): r for r in b["results"]}
+    keys = list(ra) + [k for k in rb if k not in ra]
+    name_a, name_b = args.label or ("A", "B")
+    print(f"{name_a}: {args.a} ({a.get('name')}, graph {a.get('fingerprint', {}).get('graph_hash')})")
+    print(f"{name_b}: {args.b} ({b.get('name')}, graph {b.get('fingerprint', {}).get('graph_hash')})")
+    if a.get("fingerprint", {}).get("graph_hash") != b.get("fingerprint", {}).get("graph_hash"):
+        print("note: the two runs solved different graphs")
+    rows = []
+    for key in keys:
+        x, y = ra.get(key, {}), rb.get(key, {})
+
+        def delta(field: str) -> str:
+            u, v = x.get(field), y.get(field)
+            if not isinstance(u, (int, float)) or not isinstance(v, (int, float)):
+                return "-"
+            if u == v:
+                return "="
+            return f"{(v - u) / abs(u):+.1%}" if u else "new"
+
+        rows.append({
+            "budget": key[0], "solver": key[1],
+            f"saved {name_a}": format_bytes(x.get("saved_bytes")) if x else "(none)",
+            f"saved {name_b}": format_bytes(y.get("saved_bytes")) if y else "(none)",
+            "saved d": delta("saved_bytes"),
+            f"recompute {name_a}": format_seconds(x.get("recompute_cost")),
+            f"recompute {name_b}": format_seconds(y.get("recompute_cost")),
+            "recompute d": delta("recompute_cost"),
+            f"solve {name_a}": format_seconds(x.get("solve_time_s")),
+            f"solve {name_b}": format_seconds(y.get("solve_time_s")),
+            f"status {name_a}/{name_b}": f"{x.get('status', '-')}/{y.get('status', '-')}",
+            f"verified {name_a}/{name_b}": f"{verified_text(x) if x else '-'}/{verified_text(y) if y else '-'}",
+        })
+    print(table(rows, list(rows[0])) if rows else "(no results)")
+    return 0
+
+
+# ---- main --------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opt-remat", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="solve every (budget, solver) pair of a YAML config, verify, report")
+    run.add_argument("config", help="a YAML run configuration (see configs/)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a config value (YAML), e.g. --set budgets=[0.5] --set solvers.1.time_limit_s=5")
+    run.add_argument("--jobs", type=int, default=1, help="solve pairs in N parallel processes")
+    run.add_argument("--executor", choices=["process", "ray"], default="process")
+    run.set_defaults(func=_run)
+
+    solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
+    solve.add_argument("config")
+    solve.add_argument("--solver", required=True, help="a solver name or a label from the config")
+    solve.add_argument("--budget", default=None, help="a fraction (0.5) or bytes ('2MiB'); default: none")
+    solve.add_argument("-o", "--output", required=True, help="the plan file to write (JSON)")
+    solve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
+    solve.set_defaults(func=_solve)
+
+    show = sub.add_parser("show", help="what a saved plan saves and recomputes, by op")
+    show.add_argument("plan")
+    show.add_argument("--names", action="store_true", help="list the values of each op too")
+    show.set_defaults(func=_show)
+
+    compare = sub.add_parser("compare", help="two result sets side by side")
+    compare.add_argument("a", help="a run's output folder (or its results.json)")
+    compare.add_argument("b")
+    compare.add_argument("--label", nargs=2, metavar=("A", "B"), help="column labels (default A B)")
+    compare.set_defaults(func=_compare)
+
     demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it")
     demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"])
     demo.add_argument("--layers", type=int, default=2)
@@ -56,19 +313,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--budget", default=None, help="saved bytes ('2MiB') or a fraction (0.5)")
     demo.add_argument("--device", default="h100")
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
-    if args.budget is not None:
-        try:
-            args.budget = float(args.budget) if "." in args.budget and args.budget.replace(".", "", 1).isdigit() \
-                else args.budget
-        except ValueError:
-            pass
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .config import ConfigError
+    from .runner import RunError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
+        return int(exc.code or 0)
+    if args.command == "demo":
+        args.budget = cli_budget(args.budget)
     try:
         return args.func(args)
+    except (ConfigError, UsageError) as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except RunError as exc:
+        _err(str(exc))
+        return 1
     except (ValueError, KeyError) as exc:
-        print(f"opt-remat: error: {exc}", file=sys.stderr)
-        return 2
+        if args.command in ("demo", "solve"):
+            _err(str(exc))
+            return EXIT_BAD_INPUT
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # output piped into head and the like
+        sys.exit(0)

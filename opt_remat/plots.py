@@ -1,0 +1,93 @@
+"""Pareto plots of a run: saved activation memory against predicted recompute cost.
+
+One line per solver through its (budget) points, the parametric min-cut hull as a dashed line, and
+the MIP solvers' points marked (filled when proven optimal, hollow otherwise). Uses matplotlib's
+Agg backend (no display needed); the file is written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+MIP_SOLVERS = ("cpsat", "milp")
+
+
+def _unit(max_bytes: float) -> tuple[str, float]:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= size:
+            return unit, float(size)
+    return "B", 1.0
+
+
+def _time_unit(max_s: float) -> tuple[str, float]:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if max_s >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float]], path: str | Path, *,
+                title: str = "saved memory vs recompute cost") -> Path:
+    """Write a PNG of the run's plans; returns the path."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    points = [r for r in records if r.get("saved_bytes") is not None and r.get("recompute_cost") is not None]
+    all_bytes = [r["saved_bytes"] for r in points] + [p[0] for p in hull]
+    all_cost = [r["recompute_cost"] for r in points] + [p[1] for p in hull]
+    bunit, bscale = _unit(max(all_bytes, default=0))
+    tunit, tscale = _time_unit(max(all_cost, default=0))
+
+    fig = Figure(figsize=(7.5, 5.0), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    if hull:
+        hx = [p[0] / bscale for p in hull]
+        hy = [p[1] / tscale for p in hull]
+        ax.plot(hx, hy, linestyle="-", color="0.6", alpha=0.45, linewidth=5, solid_capstyle="round",
+                zorder=1)
+        ax.plot(hx, hy, linestyle="--", color="0.3", marker="o", markersize=3, linewidth=1.0, zorder=5,
+                label="min-cut hull")
+    markers = "os^v<>Dph"
+    mip_markers = [("*", 15), ("P", 10), ("X", 9)]
+    solvers: list[str] = []
+    for r in points:
+        if r["solver"] not in solvers:
+            solvers.append(r["solver"])
+    n_mip = 0
+    for i, solver in enumerate(solvers):
+        pts = sorted((r for r in points if r["solver"] == solver), key=lambda r: (r["saved_bytes"], r["recompute_cost"]))
+        xs = [r["saved_bytes"] / bscale for r in pts]
+        ys = [r["recompute_cost"] / tscale for r in pts]
+        name = pts[0].get("solver_name", solver)
+        if name in MIP_SOLVERS:  # marked: filled when proven optimal, hollow otherwise
+            marker, size = mip_markers[n_mip % len(mip_markers)]
+            n_mip += 1
+            line, = ax.plot(xs, ys, linewidth=1.0, alpha=0.8, zorder=3 + n_mip, marker=marker, markersize=size,
+                            markerfacecolor="none", markeredgewidth=1.4, label=f"{solver} (MIP)")
+            opt = [(x, y) for r, x, y in zip(pts, xs, ys) if r.get("status") == "optimal"]
+            if opt:
+                ax.plot([p[0] for p in opt], [p[1] for p in opt], linestyle="none", marker=marker,
+                        markersize=size, color=line.get_color(), zorder=3 + n_mip)
+        else:
+            ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=5, linewidth=1.2, zorder=2,
+                    label=solver)
+    if n_mip:
+        ax.plot([], [], linestyle="none", label="MIP: filled = proven optimal")
+    ax.set_xlabel(f"saved activation memory ({bunit})")
+    ax.set_ylabel(f"predicted recompute cost ({tunit})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, linewidth=0.4, alpha=0.5)
+    if solvers or hull:
+        ax.legend(fontsize=8, loc="best")
+    if not points and not hull:
+        ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,261 @@
+"""The opt-remat CLI end to end on a tiny MLP: run (reports, resume, parallel), solve, show,
+compare, plans applied in training, graph-file configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import opt_remat
+from opt_remat.cli import main
+from opt_remat.models import mlp
+from opt_remat.verify import compare_steps, save_all_backend, training_step
+from solvers.plans_io import PlanMismatchError
+
+TINY = """\
+model:
+  factory: opt_remat.models:mlp
+  kwargs: {{d_in: 16, hidden: 32, layers: 2}}
+  inputs: [{{shape: [4, 16], dtype: float32}}]
+device: h100
+budgets: [0.5, 0.2]
+solvers: [mincut, save-all, greedy]
+verify: {{gradients: true, measure_memory: true}}
+output: {{dir: {out}, formats: [table, json, csv, plot]}}
+"""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def tiny_config(folder: Path, out: str = "out") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.yaml"
+    path.write_text(TINY.format(out=out))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One run of the tiny config, shared by the tests that read its outputs."""
+    folder = tmp_path_factory.mktemp("tiny")
+    path = tiny_config(folder)
+    rc = main(["run", str(path)])
+    assert rc == 0
+    return path, folder / "out"
+
+
+def results(out: Path) -> list[dict]:
+    return json.loads((out / "results.json").read_text())["results"]
+
+
+def test_run_writes_every_report(tiny_run):
+    _, out = tiny_run
+    recs = results(out)
+    assert [(r["budget"], r["solver"]) for r in recs] == [
+        ("0.5", "mincut"), ("0.5", "save-all"), ("0.5", "greedy"),
+        ("0.2", "mincut"), ("0.2", "save-all"), ("0.2", "greedy")]
+    for r in recs:
+        if r["solver"] == "save-all":  # it cannot meet a fractional budget below 1: reported, not fatal
+            assert r["status"] == "infeasible" and "infeasible" in r["error"]
+            continue
+        assert r["saved_bytes"] <= r["budget_bytes"]
+        assert r["measured_saved_bytes"] == r["saved_bytes"]  # what the forward really hands over
+        assert r["verified"] is True and r["bitwise"] is True  # gradients equal save-all's
+        plan = json.loads((out / r["plan_file"]).read_text())
+        assert plan["saved_bytes"] == r["saved_bytes"] and plan["nodes"]
+    # the CSV has every figure, one row per pair
+    lines = (out / "results.csv").read_text().splitlines()
+    assert len(lines) == 1 + len(recs)
+    assert lines[0].startswith("budget,budget_bytes,solver,") and "measured_saved_bytes" in lines[0]
+    table = (out / "summary.txt").read_text()
+    assert "mincut" in table and "greedy" in table and "verified" in table
+    # the Pareto plot is a real PNG that matplotlib reads back
+    png = out / "pareto.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["mincut_hull"] and doc["fingerprint"]["graph_hash"]
+    assert not list(out.glob(".*.tmp")), "no temporary files left behind"
+
+
+def test_run_resumes_skipping_done_pairs(tiny_run, capsys):
+    path, out = tiny_run
+    before = results(out)
+    assert main(["run", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "resuming: 6 of 6 pairs" in text and "0 pairs to solve" in text
+    assert results(out) == before
+    # an interrupted run: drop one pair from the results; only that one is solved again
+    doc = json.loads((out / "results.json").read_text())
+    doc["results"] = [r for r in doc["results"] if not (r["budget"] == "0.2" and r["solver"] == "greedy")]
+    (out / "results.json").write_text(json.dumps(doc))
+    assert main(["run", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "resuming: 5 of 6 pairs" in text and "1 pairs to solve" in text
+    assert "[1/1] budget 0.2" in text and "greedy" in text
+    key = lambda rs: [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("verified")) for r in rs]
+    assert key(results(out)) == key(before)
+
+
+def test_parallel_jobs_match_sequential(tiny_run, tmp_path, capsys):
+    path, out = tiny_run
+    other = tmp_path / "jobs"
+    assert main(["run", str(path), "--jobs", "2", "--set", f"output.dir={other}",
+                 "--set", "verify.gradients=false"]) == 0
+    assert "with 2 process workers" in capsys.readouterr().out
+    key = lambda rs: [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("recompute_cost")) for r in rs]
+    assert key(results(other)) == key(results(out))
+
+
+@pytest.mark.skipif(HAS_RAY, reason="ray is installed: the missing-ray message cannot be tested")
+def test_ray_executor_without_ray(tiny_run, capsys, tmp_path):
+    path, _ = tiny_run
+    assert main(["run", str(path), "--executor", "ray", "--set", f"output.dir={tmp_path / 'ray'}"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'opt-remat[ray]'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ray").exists()
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed")
+def test_ray_executor(tiny_run, tmp_path):
+    path, out = tiny_run
+    other = tmp_path / "ray"
+    assert main(["run", str(path), "--executor", "ray", "--jobs", "2", "--set", f"output.dir={other}",
+                 "--set", "verify.gradients=false"]) == 0
+    assert [r.get("saved_bytes") for r in results(other)] == [r.get("saved_bytes") for r in results(out)]
+
+
+def test_results_of_another_graph_are_not_mixed(tiny_run, capsys):
+    path, out = tiny_run
+    rc = main(["run", str(path), "--set", "model.kwargs.hidden=48", "--set", "model.kwargs.d_in=16"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "output.dir" in err and "another graph" in err
+
+
+def test_compare_two_runs(tiny_run, tmp_path, capsys):
+    path, out = tiny_run
+    other = tmp_path / "b"
+    assert main(["run", str(path), "--set", f"output.dir={other}", "--set", "budgets=[0.5]",
+                 "--set", "verify.gradients=false", "--set", "output.formats=[json]"]) == 0
+    assert not (other / "pareto.png").exists() and not (other / "results.csv").exists()
+    capsys.readouterr()
+    assert main(["compare", str(out), str(other)]) == 0
+    text = capsys.readouterr().out
+    assert "saved A" in text and "saved B" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("0.5 ") or ln.startswith("0.2 ")]
+    assert len(rows) == 6 and sum("(none)" in r for r in rows) == 3  # 0.2 is only in A
+    assert main(["compare", str(out), str(tmp_path / "missing")]) == 2
+
+
+def test_solve_show_and_apply_plan_in_training(tiny_run, tmp_path, capsys):
+    path, _ = tiny_run
+    plan_path = tmp_path / "plan.json"
+    assert main(["solve", str(path), "--solver", "mincut", "--budget", "0.5", "-o", str(plan_path)]) == 0
+    assert "apply it in training with" in capsys.readouterr().out
+    plan = json.loads(plan_path.read_text())
+    assert plan["solver"] == "mincut" and plan["graph_hash"] and plan["recomputed"]
+    assert all("op" in plan["nodes"][n] and "module" in plan["nodes"][n] for n in plan["saved"])
+
+    assert main(["show", str(plan_path)]) == 0
+    text = capsys.readouterr().out
+    assert "saved by op:" in text and "recomputed by op:" in text and "addmm" in text
+
+    # the plan applied to the same model gives save-all's gradients ...
+    torch.manual_seed(0)
+    model, x = mlp(d_in=16, hidden=32, layers=2), torch.randn(4, 16)
+    be = opt_remat.backend(plan=str(plan_path), compiler="eager", decompositions="inductor")
+    check = compare_steps(training_step(model, (x,), be), training_step(model, (x,), save_all_backend("inductor")))
+    assert check.ok and check.bitwise
+    applied = be.partitioner.history[-1].plan
+    assert applied.saved == frozenset(plan["saved"]) and applied.solver == "plan:mincut"
+
+    # ... and is refused, with a clear message, for another model
+    torch._dynamo.reset()
+    other = mlp(d_in=16, hidden=48, layers=2)
+    be = opt_remat.backend(plan=str(plan_path), compiler="eager", decompositions="inductor")
+    with pytest.raises(Exception) as info:
+        training_step(other, (x,), be)
+    exc, chain = info.value, []
+    while exc is not None:
+        chain.append(exc)
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    mismatch = [e for e in chain if isinstance(e, PlanMismatchError)]
+    assert mismatch, chain
+    assert "made for a different graph" in str(mismatch[0]) and "solve again" in str(mismatch[0])
+
+
+def test_solve_errors(tiny_run, tmp_path, capsys):
+    path, _ = tiny_run
+    out = tmp_path / "p.json"
+    assert main(["solve", str(path), "--solver", "save-all", "--budget", "0.2", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "infeasible" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["show", str(tmp_path / "nope.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_graph_file_config(tmp_path, monkeypatch, capsys):
+    """model: {graph: PATH} loads a published graph through solvers.checkmate: no capture, no verification."""
+    from solvers.random_problems import random_problem
+
+    fake = types.ModuleType("solvers.checkmate")
+    fake.load_graph = lambda p: random_problem(3, n_forward=10, n_backward=8, ban_prob=0.0)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "solvers.checkmate", fake)
+    import solvers
+    monkeypatch.setattr(solvers, "checkmate", fake, raising=False)
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "g.json").write_text("{}")
+    cfg = tmp_path / "conf" / "g.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text("model: {graph: ../graphs/g.json}\nbudgets: [1.0, 0.5]\nsolvers: [mincut, greedy, torch]\n"
+                   "output: {dir: out, formats: [json, plot]}\n")
+    assert main(["run", str(cfg)]) == 0
+    recs = results(tmp_path / "conf" / "out")
+    assert {r["solver"] for r in recs} == {"mincut", "greedy", "torch"}
+    for r in recs:
+        if r["solver"] == "torch":
+            assert r["status"] == "skipped"  # no torch graph to run torch's partitioner on
+        else:
+            assert r.get("verified") is None and r.get("measured_saved_bytes") is None
+            assert r["saved_bytes"] <= r["budget_bytes"]
+    assert (tmp_path / "conf" / "out" / "pareto.png").read_bytes()[:8] == PNG_SIGNATURE
+    cfg.write_text("model: {graph: ../graphs/missing.json}\nbudgets: [0.5]\nsolvers: [mincut]\n")
+    assert main(["run", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "g.yaml:1: model.graph: graph file" in err and "not found" in err
+
+
+def test_demo_still_works(capsys):
+    assert main(["demo", "--model", "mlp", "--layers", "1", "--solvers", "mincut", "--budget", "0.5"]) == 0
+    assert "grads vs save-all" in capsys.readouterr().out
+
+
+GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "checkmate"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("solvers.checkmate") is None or not (GRAPH_DIR / "VGG16_256_train_nx.json").is_file(),
+                    reason="solvers.checkmate or the shared Checkmate graphs are not here")
+def test_published_graph_config(tmp_path):
+    cfg = tmp_path / "vgg.yaml"
+    cfg.write_text(f"model: {{graph: {GRAPH_DIR / 'VGG16_256_train_nx.json'}}}\nbudgets: [0.8, 0.3]\n"
+                   "solvers: [mincut, greedy]\noutput: {dir: out, formats: [json, csv]}\n")
+    assert main(["run", str(cfg)]) == 0
+    recs = results(tmp_path / "out")
+    assert len(recs) == 4 and all(r["saved_bytes"] <= r["budget_bytes"] for r in recs)
