@@ -20,7 +20,7 @@ from solvers.plans_io import apply_plan, read_plan_file
 from .build import build_problem, classify, prepare_joint
 from .costs import DeviceProfile, get_profile
 from .lower import lower_plan
-from .solve import choose_plan, resolve_budget
+from .solve import choose_peak_plan, choose_plan, resolve_budget
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
 
 TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the same interface
@@ -51,10 +51,15 @@ class Partitioner:
     options: dict[str, Any] = field(default_factory=dict)
     count_input_bytes: bool = False
     plan: str | Path | None = None  # a plan saved by ``opt-remat solve``: applied instead of solving
+    peak_budget: int | str | None = None  # bytes of the step's peak live memory
     history: list[PartitionRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         parse_budget(self.budget)  # fail early on a budget that does not parse
+        peak = parse_budget(self.peak_budget)
+        if isinstance(peak, Fraction):
+            raise ValueError(f"peak_budget is bytes (an int or a string such as '200MiB'), got {self.peak_budget!r}")
+        self._peak_bytes = peak
         self.profile = get_profile(self.device)
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
         from solvers.registry import available
@@ -88,6 +93,8 @@ class Partitioner:
                                          num_fwd_outputs, static_lifetime_input_indices, start)
         if self._plan_data is not None:
             plan = apply_plan(self._plan_data, problem, source=str(self.plan))
+        elif self._peak_bytes is not None:
+            plan = choose_peak_plan(problem, self.solver, self._peak_bytes, budget, self.options)
         else:
             plan = choose_plan(problem, self.solver, budget, self.solver_options())
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
@@ -117,16 +124,18 @@ class Partitioner:
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
-                **options: Any) -> Partitioner:
+                peak_budget: int | str | None = None, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
     torch's ``activation_memory_budget``. ``options`` go to the solver (e.g. ``lam`` for mincut,
     ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp). ``plan``: a JSON plan
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
+    ``peak_budget``: bytes of the whole step's peak of live activations, recomputed values and
+    gradients (parameters and inputs excluded); can be combined with ``budget``.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
-                       count_input_bytes=count_input_bytes, plan=plan)
+                       count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

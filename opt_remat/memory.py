@@ -12,13 +12,13 @@ freed, so the two can be compared.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 from torch._inductor.fx_utils import get_node_storage
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -106,39 +106,37 @@ def simulate(fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outpu
 
 
 class _StorageTracker(TorchDispatchMode):
-    """Counts the bytes of storages created by ops, freed when their last tensor dies."""
+    """Counts the bytes of storages created by ops while they are alive.
+
+    Liveness is read off the storages themselves (weak references to the StorageImpl), not off
+    Python tensor objects: autograd keeps saved tensors alive in C++ after their Python objects die.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.live: dict[int, int] = {}
-        self.refs: dict[int, int] = {}
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.current = 0
         self.peak = 0
 
-    def _release(self, key: int) -> None:
-        self.refs[key] -= 1
-        if self.refs[key] == 0:
-            del self.refs[key]
-            self.current -= self.live.pop(key)
+    def sweep(self) -> None:
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.current -= self.live.pop(key)[1]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.sweep()  # storages freed since the last op (the graph drops dead values between ops)
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+        inputs = {StorageWeakRef(t.untyped_storage()).cdata for t in tree_flatten((args, kwargs))[0]
                   if isinstance(t, torch.Tensor) and t.device.type != "meta"}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
-            key = t.untyped_storage().data_ptr()
-            if key in self.live:
-                self.refs[key] += 1
-            elif key in inputs or key == 0:
-                continue  # a view or in-place result on memory this step did not create
-            else:
-                self.live[key] = t.untyped_storage().nbytes()
-                self.refs[key] = 1
-                self.current += self.live[key]
-                self.peak = max(self.peak, self.current)
-            weakref.finalize(t, self._release, key)
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref.cdata in self.live or ref.cdata in inputs:
+                continue  # a view or in-place result: no new memory
+            size = t.untyped_storage().nbytes()
+            self.live[ref.cdata] = (ref, size)
+            self.current += size
+        self.peak = max(self.peak, self.current)
         return out
 
 
@@ -154,6 +152,7 @@ class PeakMeter:
         self._tracker = _StorageTracker()
 
     def reset(self) -> None:
+        self._tracker.sweep()
         self._tracker.peak = self._tracker.current
 
     @property
@@ -162,6 +161,7 @@ class PeakMeter:
 
     @property
     def current(self) -> int:
+        self._tracker.sweep()
         return self._tracker.current
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Any) -> Callable[[list], Any]:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from solvers import InfeasibleError, Plan, Problem, Status, check_plan
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.mincut import lam_range, solve_mincut
+from solvers.peak import PeakInfeasibleError, mincut_under_peak, solve_peak
 from solvers.registry import solve
 
 
@@ -24,6 +25,41 @@ class BudgetError(ValueError):
             f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). Raise the budget to at "
             f"least {min_feasible_bytes} bytes{(' (' + detail + ')') if detail else ''}"
         )
+
+
+class PeakBudgetError(ValueError):
+    """A peak budget no plan can meet; says the smallest peak found."""
+
+    def __init__(self, peak_budget: int, min_peak: int | None) -> None:
+        self.peak_budget = peak_budget
+        self.min_peak = min_peak
+        super().__init__(
+            f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: the smallest "
+            f"step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise peak_budget to at "
+            f"least {min_peak} bytes")
+
+
+def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: int | None,
+                     options: dict[str, Any] | None = None) -> Plan:
+    """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``)."""
+    options = dict(options or {})
+    try:
+        if solver in ("cpsat", "milp"):
+            if solver == "milp":
+                warnings.warn("opt-remat: peak budgets are solved with CP-SAT (the peak model has no "
+                              "PuLP form yet)", stacklevel=2)
+            keep = {k: options[k] for k in ("time_limit_s", "threads", "seed", "stages") if k in options}
+            plan = solve_peak(problem, peak_budget, budget, **keep)
+        elif solver == "mincut":
+            plan = mincut_under_peak(problem, peak_budget, budget)
+        else:
+            raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
+    except PeakInfeasibleError as exc:
+        raise PeakBudgetError(peak_budget, exc.min_peak) from None
+    result = check_plan(problem, plan, budget=budget)
+    if not result.valid:
+        raise RuntimeError("opt-remat internal error: invalid peak plan: " + "; ".join(result.errors[:5]))
+    return plan
 
 
 def least_memory_plan(problem: Problem) -> Plan:

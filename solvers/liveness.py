@@ -67,51 +67,69 @@ def backward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
 
 
 def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
-    """The live-bytes curve of the step under a plan that saves ``saved``."""
+    """The live-bytes curve of the step under a plan that saves ``saved``.
+
+    Memory is tracked per buffer: in the forward a storage is one buffer; in the backward a
+    recomputed value gets a fresh buffer (even if a saved view still holds the forward's copy of its
+    storage), and a view computed there aliases the buffer of the input it views.
+    """
     saved_set = set(saved)
     by_name = problem.by_name
-    counted = problem.counts_memory
     size = problem.storage_size
-    saved_storages = {by_name[s].storage_id for s in saved_set}
-
     forward = [n.name for n in problem.nodes
                if n.role is Role.FORWARD or (n.role is Role.EITHER and n.name in saved_set)]
     backward = backward_schedule(problem, saved_set)
     steps: list[tuple[str, str, int]] = []
 
-    def run(phase: str, order: list[str], live: dict[str, int], keep: set[str]) -> None:
-        last_use: dict[str, int] = {}  # storage -> last step reading a member (or producing it)
+    # buffer of every value as the backward sees it
+    bw_buffer: dict[str, str] = {}
+    for name in saved_set:
+        bw_buffer[name] = by_name[name].storage_id
+    for n in problem.nodes:
+        if n.role is Role.INPUT:
+            bw_buffer[n.name] = n.storage_id
+    for name in backward:
+        node = by_name[name]
+        g = node.storage_id
+        if not problem.counts_memory(g):
+            bw_buffer[name] = g
+            continue
+        base = next((i for i in node.inputs if by_name[i].storage_id == g and i in bw_buffer), None)
+        bw_buffer[name] = bw_buffer[base] if base is not None and g != name else f"bw:{name}"
+
+    def run(phase: str, order: list[str], buffer: dict[str, str], live: dict[str, int],
+            keep: set[str]) -> None:
+        last_use: dict[str, int] = {}
         for i, name in enumerate(order):
             for value in (name, *by_name[name].inputs):
-                g = by_name[value].storage_id
-                last_use[g] = max(last_use.get(g, -1), i)
+                if value in buffer:
+                    last_use[buffer[value]] = i
         frees: dict[int, list[str]] = {}
-        for g, i in last_use.items():
-            if g not in keep:
-                frees.setdefault(i, []).append(g)
+        for b, i in last_use.items():
+            if b not in keep:
+                frees.setdefault(i, []).append(b)
         total = sum(live.values())
         for i, name in enumerate(order):
+            b = buffer[name]
             g = by_name[name].storage_id
-            if g not in live and counted(g):
-                live[g] = size[g]
+            if b not in live and problem.counts_memory(g):
+                live[b] = size[g]
                 total += size[g]
             steps.append((phase, name, total))
             for dead in frees.get(i, ()):
                 total -= live.pop(dead, 0)
-        if phase == "forward":  # what the forward does not keep dies with it
-            for g in [g for g in live if g not in keep]:
-                live.pop(g)
 
+    fw_buffer = {n.name: n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
     live: dict[str, int] = {}
-    forward_outputs = {by_name[o].storage_id for o in problem.forward_outputs}
-    run("forward", forward, live, saved_storages | forward_outputs)
-    for g in forward_outputs - saved_storages:
-        live.pop(g, None)  # the caller turns outputs into a loss and drops them
-    read_in_backward = {by_name[v].storage_id for n in backward for v in (n, *by_name[n].inputs)}
-    for g in [g for g in live if g not in read_in_backward]:
-        live.pop(g)  # saved but never read: torch drops such values from the saved list
-    grads = {by_name[o].storage_id for o in problem.backward_outputs}
-    run("backward", backward, live, grads)
+    saved_buffers = {by_name[v].storage_id for v in saved_set}
+    outputs = {by_name[o].storage_id for o in problem.forward_outputs}
+    run("forward", forward, fw_buffer, live, saved_buffers | outputs)
+    # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
+    read = {bw_buffer[v] for n in backward for v in (n, *by_name[n].inputs) if v in bw_buffer}
+    for b in [b for b in live if b not in saved_buffers or b not in read]:
+        live.pop(b)
+    grads = {bw_buffer[o] for o in problem.backward_outputs if o in bw_buffer}
+    run("backward", backward, bw_buffer, live, grads)
     if not steps:
         return MemoryCurve((), 0, "", "")
     peak_phase, peak_at, peak = max(steps, key=lambda s: s[2])

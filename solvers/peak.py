@@ -1,0 +1,414 @@
+"""Least recompute under a budget on the step's *peak* live memory (and optionally saved bytes).
+
+The liveness model of ``solvers.liveness`` (forward in graph order; backward in graph order with
+recomputation just in time; values freed after their last use) written linearly in 0-1 variables
+and solved by CP-SAT:
+
+* forward: each storage g is live from its producer to its last forward use, and to the end of the
+  forward if saved (``y_g``) or returned. At forward step t the live bytes are a constant ``A_t``
+  plus ``sum b_g y_g`` over the storages whose forward life ended before t; only the steps where
+  ``A_t`` is a suffix maximum can be binding, and a chain of partial sums keeps it linear in size.
+* backward: the backward values are cut into ``stages`` (consecutive groups). ``c[v,k]`` says v is
+  computed in the backward in stage k (``r_v = sum_k c[v,k]``); ``avail[v,k] = s_v + sum_{j<=k}
+  c[v,j]``. A backward value in stage k reading v needs ``avail[v,k] = 1``; computing w at stage k
+  needs its inputs available at k. v is live in stage k when it is available and still used at k or
+  later (by a backward value, or by a value computed later): ``live[v,k] >= avail[v,k] + later[w,k]
+  - 1`` for each consumer w. Per stage: ``T_k + sum_g b_g live[g,k] <= peak_budget`` where ``T_k``
+  is the stage's peak of backward temporaries and gradients.
+
+Counting a value as live for its whole stage and every recomputed value for its whole stage makes
+the model an upper bound on the step's real peak (with one backward value per stage it is exact at
+the backward values and conservative only while several values are recomputed before one of
+them). Views of a saveable base are not saved (their base is; recomputing a view is free), as
+torch's partitioner does. Every plan is re-simulated exactly (``solvers.liveness``): the simulation
+is the reported prediction and never exceeds the budget. Since the model is conservative, its
+optimum is optimal among the plans it admits: the status says ``feasible`` and
+``extra["model_optimal"]`` / ``extra["model_bound"]`` say what was proven.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from .liveness import MemoryCurve, simulate_plan
+from .mincut import InfeasibleError
+from .problem import Plan, Problem, Role, Status, plan_from_saved
+
+
+class PeakInfeasibleError(InfeasibleError):
+    """No plan keeps the step's peak under the budget; says the smallest peak found."""
+
+    def __init__(self, peak_budget: int, min_peak: int | None, proven: bool) -> None:
+        self.peak_budget = peak_budget
+        self.min_peak = min_peak
+        self.min_feasible_bytes = None
+        what = "the smallest peak" if proven else "the smallest peak found"
+        super().__init__(
+            f"peak budget {peak_budget} bytes is infeasible: {what} of any plan is "
+            f"{min_peak} bytes{'' if proven else ' (not proven minimal in the time limit)'}; "
+            f"raise peak_budget to at least {min_peak}")
+
+
+@dataclass
+class _Layout:
+    forward: list[str]  # forward-role values in order
+    stage_of_bw: dict[str, int]  # backward value -> stage
+    stages: int
+    first_read: dict[str, int]  # candidate -> earliest stage a backward value reads it directly
+    last_read: dict[str, int]  # candidate -> latest such stage
+    window: dict[str, tuple[int, int]]  # candidate -> stages where computing it can be useful
+    transient: list[int]  # per stage: peak bytes of backward temporaries and gradients
+    transient_before: list[int]  # per single-value stage: those bytes just before it runs
+    single: list[bool]  # the stage holds one backward value
+
+
+def _layout(problem: Problem, stages: int | None) -> _Layout:
+    by_name = problem.by_name
+    backward = [n.name for n in problem.nodes if n.role is Role.BACKWARD]
+    k = len(backward)
+    count = max(1, min(k, stages or k))
+    stage_of_bw = {name: (i * count) // max(k, 1) for i, name in enumerate(backward)}
+
+    first_read: dict[str, int] = {}
+    last_read: dict[str, int] = {}
+    for name in backward:
+        st = stage_of_bw[name]
+        for u in by_name[name].inputs:
+            if by_name[u].role is not Role.BACKWARD:
+                first_read[u] = min(first_read.get(u, st), st)
+                last_read[u] = max(last_read.get(u, st), st)
+    for r in problem.required:  # returned directly: needed at the very end
+        if by_name[r].role is not Role.BACKWARD:
+            first_read[r] = min(first_read.get(r, count - 1), count - 1)
+            last_read[r] = count - 1
+    # a value may be needed in the backward wherever a later value that reads it is needed
+    window: dict[str, tuple[int, int]] = {}
+    users = problem.users
+    for node in reversed(problem.candidates):
+        lo, hi = first_read.get(node.name, count), last_read.get(node.name, -1)
+        for w in users[node.name]:
+            if w in window:
+                lo, hi = min(lo, window[w][0]), max(hi, window[w][1])
+        if hi >= 0:
+            window[node.name] = (lo, hi)
+
+    # backward temporaries (backward values' own storages) and gradients, per stage
+    size = problem.storage_size
+    produced: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, name in enumerate(backward):
+        g = by_name[name].storage_id
+        produced.setdefault(g, i)
+        last[g] = max(last.get(g, i), i)
+        for u in by_name[name].inputs:
+            gu = by_name[u].storage_id
+            if gu in produced:
+                last[gu] = max(last[gu], i)
+    grads = {by_name[o].storage_id for o in problem.backward_outputs}
+    delta = [0] * (k + 1)
+    for g, start in produced.items():
+        if not problem.counts_memory(g):
+            continue
+        end = k - 1 if g in grads else last[g]
+        delta[start] += size[g]
+        delta[end + 1] -= size[g]
+    transient = [0] * count
+    transient_before = [0] * count
+    members = [0] * count
+    allocated_at = [0] * (k + 1)
+    for g, start in produced.items():
+        if problem.counts_memory(g):
+            allocated_at[start] += size[g]
+    running = 0
+    for i, name in enumerate(backward):
+        running += delta[i]
+        st = stage_of_bw[name]
+        members[st] += 1
+        transient[st] = max(transient[st], running)
+        transient_before[st] = running - allocated_at[i]
+    forward = [n.name for n in problem.nodes if n.role is Role.FORWARD]
+    return _Layout(forward, stage_of_bw, count, first_read, last_read, window, transient,
+                   transient_before, [m == 1 for m in members])
+
+
+def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
+               stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
+               seed: int = 0, hint_saved: set[str] | None = None, _fix_hint: bool = False) -> Plan:
+    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes."""
+    from ortools.sat.python import cp_model
+
+    if peak_budget < 0:
+        raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
+    start = time.perf_counter()
+    lay = _layout(problem, stages)
+    by_name = problem.by_name
+    size = problem.storage_size
+    m = cp_model.CpModel()
+    cand = [n.name for n in problem.candidates if n.name in lay.window or n.name in problem.backward_reads]
+
+    s: dict[str, cp_model.IntVar] = {}
+    c: dict[tuple[str, int], cp_model.IntVar] = {}
+    r: dict[str, cp_model.LinearExpr] = {}
+    for v in cand:
+        owner = by_name[v].storage_id
+        # views are not saved (their base is, and the view is recomputed for free): saving a view
+        # while recomputing its base would hold two buffers of one storage
+        view_of_saveable = (owner != v and owner in by_name and problem.counts_memory(owner)
+                            and problem.can_save(owner) and problem.can_recompute(v)
+                            and owner in by_name[v].inputs)
+        if problem.can_save(v) and not view_of_saveable:
+            s[v] = m.NewBoolVar(f"s_{v}")
+        lo, hi = lay.window.get(v, (0, lay.stages - 1))
+        if problem.can_recompute(v):
+            for k in range(lo, hi + 1):
+                c[v, k] = m.NewBoolVar(f"c_{v}_{k}")
+        terms = [c[v, k] for k in range(lo, hi + 1) if (v, k) in c]
+        r[v] = sum(terms) if terms else 0
+        if v in s or terms:
+            m.Add((s[v] if v in s else 0) + r[v] <= 1)
+
+    def avail(v: str, k: int) -> cp_model.LinearExpr:
+        lo, _ = lay.window.get(v, (0, -1))
+        return (s[v] if v in s else 0) + sum(c[v, j] for j in range(lo, k + 1) if (v, j) in c)
+
+    # reads: available by the first stage that reads it
+    for v, k in lay.first_read.items():
+        if v in r or v in s:
+            m.Add(avail(v, k) >= 1)
+        elif by_name[v].role is not Role.INPUT:
+            raise InfeasibleError(f"the backward reads {v!r}, which can be neither saved nor recomputed")
+    # computing w in stage k needs its inputs there; graph inputs must be saved (free) to be used
+    for (w, k), var in c.items():
+        for u in by_name[w].inputs:
+            if by_name[u].role is Role.INPUT and u in s:
+                m.AddImplication(var, s[u])
+            elif u in s or any((u, j) in c for j in range(k + 1)):
+                m.Add(avail(u, k) >= var)
+            else:
+                m.Add(var == 0)
+
+    # storages: y_g (saved) per counted storage
+    y: dict[str, cp_model.IntVar] = {}
+    for v, var in s.items():
+        g = by_name[v].storage_id
+        if not problem.counts_memory(g) or size[g] == 0:
+            continue
+        if g not in y:
+            y[g] = m.NewBoolVar(f"y_{g}")
+        m.AddImplication(var, y[g])
+    if budget is not None:
+        m.Add(sum(size[g] * yg for g, yg in y.items()) <= budget)
+
+    # ---- forward peak ----
+    fw_index = {name: i for i, name in enumerate(lay.forward)}
+    outputs = {by_name[o].storage_id for o in problem.forward_outputs}
+    prod: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i, name in enumerate(lay.forward):
+        g = by_name[name].storage_id
+        if problem.counts_memory(g):
+            prod.setdefault(g, i)
+            end[g] = max(end.get(g, i), i)
+        for u in by_name[name].inputs:
+            gu = by_name[u].storage_id
+            if gu in prod:
+                end[gu] = max(end[gu], i)
+    nf = len(lay.forward)
+    delta = [0] * (nf + 1)
+    ended_at: dict[int, list[str]] = {}
+    for g, p in prod.items():
+        delta[p] += size[g]
+        if g in outputs:
+            continue  # alive to the end of the forward
+        delta[end[g] + 1] -= size[g]
+        ended_at.setdefault(end[g] + 1, []).append(g)
+    either_saved = sorted((fw_index.get(v, nf), v) for v in s if by_name[v].role is Role.EITHER)
+    const = []
+    running = 0
+    for i in range(nf):
+        running += delta[i]
+        const.append(running)
+    # only suffix maxima of the constant part can bind: the variable part only grows with t
+    binding: list[int] = []
+    best = -1
+    for i in range(nf - 1, -1, -1):
+        if const[i] > best:
+            binding.append(i)
+            best = const[i]
+    binding.reverse()
+    ended = sorted((t, g) for t, gs in ended_at.items() for g in gs if g in y)
+    partial, j, e = 0, 0, 0
+    for t in binding:
+        # a chain of partial sums keeps the model linear in size
+        new_terms = []
+        while j < len(ended) and ended[j][0] <= t:
+            new_terms.append(size[ended[j][1]] * y[ended[j][1]])
+            j += 1
+        while e < len(either_saved) and either_saved[e][0] <= t:
+            new_terms.append(by_name[either_saved[e][1]].bytes * s[either_saved[e][1]])
+            e += 1
+        if new_terms:
+            total = m.NewIntVar(0, max(peak_budget, 0), f"fw_kept_{t}")  # over it is infeasible anyway
+            m.Add(total == partial + sum(new_terms))
+            partial = total
+        m.Add(const[t] + partial <= peak_budget)
+    # ---- backward peak, per stage ----
+    # Two moments per stage: while recomputing (everything computed in the stage counts) and, for
+    # single-value stages, at the backward value itself (values computed in the stage and used
+    # only by other values computed there are already freed).
+    computable = {w for (w, _) in c}
+    consumers = {v: [w for w in problem.users[v] if w in computable] for v in cand}
+    during_terms: list[list] = [[] for _ in range(lay.stages)]
+    at_terms: list[list] = [[] for _ in range(lay.stages)]
+    live_during: dict[tuple[str, int], cp_model.IntVar] = {}
+    live_at: dict[tuple[str, int], cp_model.IntVar] = {}
+
+    def live_var(table: dict, terms: list, g: str, k: int, tag: str) -> cp_model.IntVar:
+        if (g, k) not in table:
+            table[g, k] = m.NewBoolVar(f"{tag}_{g}_{k}")
+            terms[k].append(size[g] * table[g, k])
+        return table[g, k]
+
+    for v in cand:
+        g = by_name[v].storage_id
+        if not problem.counts_memory(g) or size[g] == 0:
+            continue
+        lo = 0 if v in s else lay.window.get(v, (lay.stages, -1))[0]
+        hi = max([lay.last_read.get(v, -1)] + [lay.window[w][1] for w in consumers[v] if w in lay.window])
+        for k in range(max(lo, 0), hi + 1):
+            a = avail(v, k)
+            during = live_var(live_during, during_terms, g, k, "live")
+            at = live_var(live_at, at_terms, g, k, "at") if lay.single[k] else None
+            if lay.last_read.get(v, -1) >= k:
+                m.Add(during >= a)
+                if at is not None:
+                    m.Add(at >= a)
+            for w in consumers[v]:
+                later = [c[w, j] for j in range(k, lay.stages) if (w, j) in c]
+                if later:
+                    m.Add(during >= a + sum(later) - 1)
+                strictly_later = [c[w, j] for j in range(k + 1, lay.stages) if (w, j) in c]
+                if at is not None and strictly_later:
+                    m.Add(at >= a + sum(strictly_later) - 1)
+    for k in range(lay.stages):
+        if lay.single[k]:
+            m.Add(lay.transient[k] + sum(at_terms[k]) <= peak_budget)
+            m.Add(lay.transient_before[k] + sum(during_terms[k]) <= peak_budget)
+        else:
+            m.Add(lay.transient[k] + sum(during_terms[k]) <= peak_budget)
+
+    # objective: recompute cost (scaled to integers), tie-break on saved bytes
+    costs = {v: problem.recompute_cost_of(v) for v in r}
+    positive = [x for x in costs.values() if x > 0]
+    scale = (2**40 / sum(positive)) if positive else 1.0
+    m.Minimize(sum(int(round(costs[v] * scale)) * r[v] for v in r if costs[v] > 0 and not isinstance(r[v], int)))
+
+    if hint_saved is not None:  # warm start: saved values, and recomputation at first need
+        first_need = _first_need_stage(problem, lay, set(hint_saved))
+        for v, var in s.items():
+            m.AddHint(var, int(v in hint_saved))
+        for (v, k), var in c.items():
+            m.AddHint(var, int(first_need.get(v) == k))
+    solver = cp_model.CpSolver()
+    if _fix_hint:
+        solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = max(1, int(threads))
+    solver.parameters.random_seed = int(seed)
+    status = solver.Solve(m)
+    elapsed = time.perf_counter() - start
+    if status == cp_model.INFEASIBLE:
+        raise PeakInfeasibleError(peak_budget, *_smallest_peak(problem))
+    if status == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"opt-remat internal error: invalid peak model: {m.Validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s)
+    saved = [v for v, var in s.items() if solver.Value(var)]
+    plan = plan_from_saved(problem, saved, solver="cpsat-peak", status=Status.FEASIBLE,
+                           solve_time_s=elapsed, budget=budget)
+    curve = simulate_plan(problem, plan.saved)
+    if curve.peak > peak_budget:  # the model bounds live memory from above: this is a bug
+        raise RuntimeError(f"opt-remat internal error: peak model allowed a plan with simulated "
+                           f"peak {curve.peak} > {peak_budget}")
+    model_bound = min(solver.BestObjectiveBound() / scale, plan.recompute_cost)
+    proven = status == cp_model.OPTIMAL
+    # The model is a safe (upper) bound on live memory, so its optimum is optimal among the plans
+    # it can see; the status stays "feasible" and the model's bound is reported separately.
+    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
+                recompute_cost=plan.recompute_cost, solver="cpsat-peak",
+                status=Status.FEASIBLE if proven else Status.TIME_LIMIT,
+                solve_time_s=elapsed, objective=plan.recompute_cost, bound=None, budget=budget,
+                message=(f"simulated peak {curve.peak} bytes (peak budget {peak_budget}); "
+                         + ("optimal for the stage model" if proven else "time limit hit")),
+                extra={"peak": curve.peak, "peak_budget": peak_budget, "stages": lay.stages,
+                       "model_optimal": proven, "model_bound": model_bound,
+                       "num_vars": len(s) + len(c) + len(y) + len(live_during) + len(live_at)})
+
+
+def _frontier(problem: Problem) -> list[Plan]:
+    """Min-cut plans across the memory/recompute trade-off (cheap candidates for peaks)."""
+    from .mincut import lam_range, solve_mincut
+    lo, hi = lam_range(problem)
+    plans = []
+    for lam in [0.0, lo] + [lo * (hi / max(lo, 1e-300)) ** (i / 8) for i in range(1, 9)]:
+        try:
+            plans.append(solve_mincut(problem, lam))
+        except InfeasibleError:
+            continue
+    return plans
+
+
+def _smallest_peak(problem: Problem) -> tuple[int | None, bool]:
+    """The smallest simulated peak among the min-cut frontier plans (not proven minimal)."""
+    peaks = [simulate_plan(problem, p.saved).peak for p in _frontier(problem)]
+    return (min(peaks) if peaks else None), False
+
+
+def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: float,
+              time_limit_s: float) -> Plan:
+    """No plan from CP-SAT in time: the cheapest min-cut frontier plan that fits, said so."""
+    fitting = [(p.recompute_cost, p) for p in _frontier(problem)
+               if simulate_plan(problem, p.saved).peak <= peak_budget
+               and (budget is None or p.saved_bytes <= budget)]
+    if not fitting:
+        raise PeakInfeasibleError(peak_budget, *_smallest_peak(problem))
+    plan = min(fitting, key=lambda x: x[0])[1]
+    peak = simulate_plan(problem, plan.saved).peak
+    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
+                recompute_cost=plan.recompute_cost, solver="cpsat-peak", status=Status.TIME_LIMIT,
+                solve_time_s=elapsed, objective=plan.recompute_cost, bound=None, budget=budget,
+                message=f"CP-SAT found no plan in {time_limit_s} s: fell back to the min-cut plan "
+                        f"with simulated peak {peak} bytes",
+                extra={"peak": peak, "peak_budget": peak_budget})
+
+
+def _first_need_stage(problem: Problem, lay: _Layout, saved: set[str]) -> dict[str, int]:
+    """Where just-in-time recomputation computes each value the plan does not save."""
+    from .liveness import backward_schedule
+    stage = {}
+    current = 0
+    for name in reversed(backward_schedule(problem, saved)):
+        if name in lay.stage_of_bw:
+            current = lay.stage_of_bw[name]
+        else:
+            stage[name] = current
+    return stage
+
+
+def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None) -> Plan:
+    """The cheapest min-cut frontier plan whose simulated peak fits: fast, not proven optimal."""
+    start = time.perf_counter()
+    fitting = [p for p in _frontier(problem)
+               if simulate_plan(problem, p.saved).peak <= peak_budget
+               and (budget is None or p.saved_bytes <= budget)]
+    if not fitting:
+        raise PeakInfeasibleError(peak_budget, *_smallest_peak(problem))
+    plan = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes))
+    peak = simulate_plan(problem, plan.saved).peak
+    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
+                recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
+                solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
+                message=f"best min-cut frontier plan under the peak budget: simulated peak {peak} bytes",
+                extra={"peak": peak, "peak_budget": peak_budget})
