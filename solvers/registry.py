@@ -15,7 +15,7 @@ from .problem import Plan, Problem
 SolverFn = Callable[..., Plan]
 _SOLVERS: dict[str, SolverFn] = {}
 # modules that call ``register`` when imported; a module that fails to import is reported by name
-_SOLVER_MODULES = ("solvers.mincut", "solvers.baselines")
+_SOLVER_MODULES = ("solvers.mincut", "solvers.baselines", "solvers.mip")
 
 
 def register(name: str) -> Callable[[SolverFn], SolverFn]:
