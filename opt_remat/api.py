@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
 from solvers.budget import Fraction, parse_budget
@@ -162,17 +163,8 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
     if compiler == "inductor":
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
-        from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-        class _OptRematPartition(CustomPartitionerFn):
-            def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kw: Any):
-                kw.pop("compiler", None)
-                return pfn(gm, joint_inputs, **kw)
-
-            def uuid(self) -> None:
-                return None  # plans depend on solver state: never reuse cached compilations
-
-        custom = _OptRematPartition()
+        custom = _OptRematPartitionFn(pfn)
 
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             with inductor_config.patch(custom_partitioner_fn=custom):
@@ -191,3 +183,18 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         eager.partitioner = pfn  # type: ignore[attr-defined]
         return eager
     raise ValueError(f"compiler must be 'inductor', 'eager' or a graph compiler, got {compiler!r}")
+
+
+class _OptRematPartitionFn(CustomPartitionerFn):
+    """opt-remat as inductor's ``custom_partitioner_fn`` (module level, so it pickles)."""
+
+    def __init__(self, partition_fn: Partitioner) -> None:
+        self.partition_fn = partition_fn
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kw: Any
+                 ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        kw.pop("compiler", None)
+        return self.partition_fn(gm, joint_inputs, **kw)
+
+    def uuid(self) -> None:
+        return None  # plans depend on solver state: never reuse cached compilations

@@ -62,9 +62,8 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
     tag = node.meta.get("recompute")
     if tag in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
         return f"tagged {tag.name}"
-    if op_types.is_random(node) or (
-        isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
-    ):
+    seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    if op_types.is_random(node) or (seeded and not _dropout_is_off(node)):
         return "random op"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return "higher-order op"
@@ -73,9 +72,21 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
             return f"non-aten op ({target.namespace})"  # collectives and custom ops: unknown effects
         if target._schema.is_mutable:
             return "mutating op"
-    if node.is_impure():
+    if node.is_impure() and not seeded:  # FX calls seeded ops impure for their randomness alone
         return "side effects"
     return None
+
+
+def _dropout_is_off(node: fx.Node) -> bool:
+    """Attention ops are tagged random for their dropout; with dropout_p == 0 they draw nothing."""
+    target = node.target
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    i = names.index("dropout_p")
+    value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else
+                            target._schema.arguments[i].default_value)
+    return isinstance(value, (int, float)) and value == 0
 
 
 def _module_path(node: fx.Node) -> str:

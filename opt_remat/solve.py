@@ -70,19 +70,7 @@ def least_memory_plan(problem: Problem) -> Plan:
 
 def inputs_only_bytes(problem: Problem) -> int:
     """Saved bytes when everything that may be recomputed is: the bottom of fractional budgets."""
-    must_save: set[str] = set()
-    stack = list(problem.backward_reads)
-    seen: set[str] = set()
-    while stack:  # walk back through recomputable values; what cannot be recomputed is saved
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if problem.can_recompute(name):
-            stack.extend(problem.by_name[name].inputs)
-        else:
-            must_save.add(name)
-    return problem.saved_bytes(must_save)
+    return solve(problem, "inputs-only").saved_bytes
 
 
 def resolve_budget(problem: Problem, budget: int | float | str | None,
