@@ -173,6 +173,10 @@ def build_problem(
             saveable = False  # torch never saves SymFloats either
         elif isinstance(val, (list, tuple)) and role is not Role.INPUT:
             saveable = False  # multi-output ops are saved through their getitems
+            # outputs nobody extracts still exist for a moment: they count toward the peak
+            taken = {u.args[1] for u in node.users if u.target is operator.getitem}
+            nbytes = sum(tensor_bytes(v) for i, v in enumerate(val)
+                         if i not in taken and isinstance(v, torch.Tensor))
         elif val is not None and role is not Role.INPUT and not isinstance(val, (int, float, bool)):
             saveable = False
 
@@ -202,6 +206,8 @@ def build_problem(
             banned=banned,
             must_recompute=must_recompute,
             saveable=saveable,
+            allocated_by=(node.args[0].name if node.target is operator.getitem
+                          and isinstance(node.args[0], fx.Node) else None),
             op=str(node.target) if node.op == "call_function" else node.op,
             module=_module_path(node),
         ))

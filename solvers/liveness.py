@@ -66,6 +66,21 @@ def backward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
     return order
 
 
+def forward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
+    """The forward's order: forward values, and the saved ``either`` values with what they need."""
+    saved_set = set(saved)
+    by_name = problem.by_name
+    needed = {n.name for n in problem.nodes if n.role is Role.FORWARD}
+    stack = [v for v in saved_set if by_name[v].role is Role.EITHER]
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        stack.extend(u for u in by_name[v].inputs if by_name[u].role is Role.EITHER)
+    return [n.name for n in problem.nodes if n.name in needed]
+
+
 def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
     """The live-bytes curve of the step under a plan that saves ``saved``.
 
@@ -76,8 +91,7 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
     saved_set = set(saved)
     by_name = problem.by_name
     size = problem.storage_size
-    forward = [n.name for n in problem.nodes
-               if n.role is Role.FORWARD or (n.role is Role.EITHER and n.name in saved_set)]
+    forward = forward_schedule(problem, saved_set)
     backward = backward_schedule(problem, saved_set)
     steps: list[tuple[str, str, int]] = []
 
@@ -108,13 +122,19 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
         for b, i in last_use.items():
             if b not in keep:
                 frees.setdefault(i, []).append(b)
+        # the outputs of a multi-output op exist from its call on, not from their extraction
+        allocates: dict[str, list[str]] = {}
+        for name in order:
+            producer = by_name[name].allocated_by
+            allocates.setdefault(producer if producer in buffer and producer in order else name, []).append(name)
         total = sum(live.values())
         for i, name in enumerate(order):
-            b = buffer[name]
-            g = by_name[name].storage_id
-            if b not in live and problem.counts_memory(g):
-                live[b] = size[g]
-                total += size[g]
+            for value in allocates.get(name, ()):
+                b = buffer[value]
+                g = by_name[value].storage_id
+                if b not in live and problem.counts_memory(g):
+                    live[b] = size[g]
+                    total += size[g]
             steps.append((phase, name, total))
             for dead in frees.get(i, ()):
                 total -= live.pop(dead, 0)

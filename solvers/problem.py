@@ -51,6 +51,7 @@ class Node:
     banned: bool = False  # must never be recomputed (random, side effects, MUST_SAVE tags, ...)
     must_recompute: bool = False  # must never be saved (MUST_RECOMPUTE tags)
     saveable: bool = True  # False for values that cannot be saved (tuples, SymFloats)
+    allocated_by: str | None = None  # a multi-output op whose call creates this value's memory
     op: str = ""  # a label for reports, e.g. "aten.mm"
     module: str = ""  # the module path that produced it, for reports
 
