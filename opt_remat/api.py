@@ -167,7 +167,9 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         custom = _OptRematPartitionFn(pfn)
 
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            with inductor_config.patch(custom_partitioner_fn=custom):
+            # a cache hit would skip the partitioner (and its solver settings) altogether
+            with inductor_config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
+                    functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs)
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]

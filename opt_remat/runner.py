@@ -227,7 +227,10 @@ def capture_compiled(model: Any, inputs: Sequence[Any], *, compiler: str = "eage
             global _CAPTURE_SINK
             _CAPTURE_SINK = record
             try:
-                with inductor_config.patch(custom_partitioner_fn=_catcher()):
+                from torch._functorch import config as functorch_config
+                # a cache hit would skip the partitioner that records the graph
+                with inductor_config.patch(custom_partitioner_fn=_catcher(), fx_graph_cache=False), \
+                        functorch_config.patch(enable_autograd_cache=False):
                     return compile_fx(gm, example_inputs)
             finally:
                 _CAPTURE_SINK = None
