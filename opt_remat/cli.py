@@ -50,7 +50,17 @@ def _demo(args: argparse.Namespace) -> int:
         torch._dynamo.reset()
         be = opt_remat.backend(solver, args.budget, compiler="eager", decompositions="inductor",
                                device=args.device)
-        step = training_step(model, inputs, be)
+        try:
+            step = training_step(model, inputs, be)
+        except Exception as exc:  # a baseline that cannot meet the budget: say so, go on
+            cause = exc
+            while cause is not None and not isinstance(cause, opt_remat.BudgetError):
+                cause = cause.__cause__ or getattr(cause, "inner_exception", None)
+            if cause is None:
+                raise
+            print(f"\n== {solver}: {cause}")
+            rows.append({"solver": solver, "status": "infeasible"})
+            continue
         check = compare_steps(step, reference)
         rec = be.partitioner.history[-1]
         print(f"\n== {args.model} ({len(rec.problem.nodes)} nodes in the joint graph) ==")

@@ -21,9 +21,9 @@ class BudgetError(ValueError):
         self.budget = budget
         self.min_feasible_bytes = min_feasible_bytes
         super().__init__(
-            f"budget {format_bytes(budget)} ({budget} bytes) is infeasible: the smallest plan saves "
-            f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). Raise the budget to at "
-            f"least {min_feasible_bytes} bytes{(' (' + detail + ')') if detail else ''}"
+            f"budget {format_bytes(budget)} ({budget} bytes) is not met: the smallest plan of any "
+            f"solver saves {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
+            + (f"; {detail}" if detail else f". Raise the budget to at least {min_feasible_bytes} bytes")
         )
 
 
@@ -112,7 +112,8 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
         plan = _with_message(plan, f"fallback after {solver} failed: {exc}")
     if plan.status is Status.INFEASIBLE and budget is not None and plan.saved_bytes > budget:
         raise BudgetError(budget, _min_feasible(problem, None),
-                          f"{solver} reached {plan.saved_bytes} bytes")
+                          f"solver {solver!r} cannot get below {plan.saved_bytes} bytes; an optimizing "
+                          "solver (cpsat, milp, mincut) reaches the smallest")
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
         raise RuntimeError(f"opt-remat internal error: solver {solver!r} returned an invalid plan: "

@@ -1,0 +1,85 @@
+"""Memory budgets on real models: measured saved bytes fit the budget and equal the prediction,
+gradients equal save-all's (dropout included), infeasible budgets are named."""
+
+import functools
+
+import pytest
+import torch
+
+import opt_remat
+from opt_remat.models import example_inputs, gpt2, llama
+from opt_remat.verify import compare_steps, measured_saved_bytes, save_all_backend, training_step
+from solvers import check_plan
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(name):
+    torch.manual_seed(0)
+    model = gpt2(layers=2, dropout=0.2) if name == "gpt" else llama(layers=2)
+    inputs = example_inputs(name, model)
+    ref = training_step(model, inputs, save_all_backend("inductor"), seed=5)
+    return model, inputs, ref
+
+
+def _step(model, inputs, solver, budget, **options):
+    torch._dynamo.reset()
+    be = opt_remat.backend(solver, budget, compiler="eager", decompositions="inductor", **options)
+    step = training_step(model, inputs, be, seed=5)
+    return step, be.partitioner.history[-1]
+
+
+@pytest.mark.parametrize("solver,options", [
+    ("cpsat", {"time_limit_s": 30}), ("milp", {"backend": "highs"}), ("mincut", {}),
+])
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_budgets_hold_and_gradients_match(name, solver, options):
+    model, inputs, ref = _setup(name)
+    for budget in (0.8, 0.3, 0.05):
+        step, rec = _step(model, inputs, solver, budget, **options)
+        assert rec.budget_bytes is not None
+        measured = measured_saved_bytes(rec.fw_module, rec.num_fwd_outputs)
+        assert measured == rec.plan.saved_bytes <= rec.budget_bytes, (budget, measured, rec.plan)
+        assert check_plan(rec.problem, rec.plan, budget=rec.budget_bytes).valid
+        check = compare_steps(step, ref)
+        assert check.ok and check.max_rel_error <= 1e-6, (budget, check)
+
+
+def test_exact_solvers_never_recompute_more_than_mincut_or_torch():
+    model, inputs, _ = _setup("gpt")
+    _, torch_rec = _step(model, inputs, "torch", 0.5)
+    bytes_torch = torch_rec.plan.saved_bytes
+    _, ours = _step(model, inputs, "cpsat", bytes_torch, time_limit_s=30)
+    _, cut = _step(model, inputs, "mincut", bytes_torch)
+    assert ours.plan.saved_bytes <= bytes_torch
+    assert ours.plan.recompute_cost <= cut.plan.recompute_cost + 1e-15
+    # torch's budget path recomputes dropout's random op; opt-remat never does
+    assert torch_rec.plan.extra["recomputes_banned"]
+    assert not any(n in ours.plan.recomputed for n in torch_rec.plan.extra["recomputes_banned"])
+
+
+def test_torch_baseline_at_full_budget_is_torch_and_correct():
+    model, inputs, ref = _setup("gpt")
+    step, rec = _step(model, inputs, "torch", 1.0)
+    assert compare_steps(step, ref).max_rel_error <= 1e-6
+    assert measured_saved_bytes(rec.fw_module, rec.num_fwd_outputs) == rec.plan.saved_bytes
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "mincut"])
+def test_infeasible_budget_names_the_smallest_feasible(solver):
+    model, inputs, _ = _setup("gpt")
+    with pytest.raises(Exception) as info:
+        _step(model, inputs, solver, 1)
+    err = info.value
+    while err is not None and not isinstance(err, opt_remat.BudgetError):
+        err = err.__cause__ or getattr(err, "inner_exception", None)
+    assert isinstance(err, opt_remat.BudgetError), info.value
+    assert err.min_feasible_bytes > 1 and str(err.min_feasible_bytes) in str(err)
+    _, rec = _step(model, inputs, solver, err.min_feasible_bytes)  # and that budget is feasible
+    assert rec.plan.saved_bytes <= err.min_feasible_bytes
