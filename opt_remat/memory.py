@@ -12,7 +12,6 @@ freed, so the two can be compared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -22,15 +21,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from solvers.liveness import MemoryCurve
+
 from .costs import tensor_bytes
-
-
-@dataclass(frozen=True)
-class GraphMemory:
-    steps: tuple[tuple[str, str, int], ...]  # (phase, node name, live bytes after it ran)
-    peak: int
-    peak_phase: str
-    peak_at: str
 
 
 def _storages_of(node: fx.Node) -> list[tuple[Any, int]]:
@@ -80,7 +73,7 @@ def _run_graph(phase: str, gm: fx.GraphModule, live: dict[Any, int], owners: dic
     return kept
 
 
-def simulate(fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outputs: int) -> GraphMemory:
+def simulate(fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outputs: int) -> MemoryCurve:
     """Predicted live bytes after every op of the forward then the backward."""
     steps: list[tuple[str, str, int]] = []
     live: dict[Any, int] = {}
@@ -100,9 +93,9 @@ def simulate(fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outpu
     _run_graph("backward", bw_module, live, {n: k for n, k in owners.items() if n in bw_placeholders},
                True, steps)
     if not steps:
-        return GraphMemory((), 0, "", "")
+        return MemoryCurve((), 0, "", "")
     phase, at, peak = max(steps, key=lambda s: s[2])
-    return GraphMemory(tuple(steps), peak, phase, at)
+    return MemoryCurve(tuple(steps), peak, phase, at)
 
 
 class _StorageTracker(TorchDispatchMode):

@@ -351,14 +351,21 @@ def _keep_sigint() -> Iterator[None]:
 
 def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any]) -> dict[str, Any]:
     """One (budget, solver) pair: a plan, or why there is none. Picklable in and out."""
-    from .solve import BudgetError, choose_plan
+    from .solve import choose_plan
+
+    with _keep_sigint():
+        return _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
+
+
+def _solve_recorded(make_plan: Callable[[], Plan]) -> dict[str, Any]:
+    """Run one solve: its plan, or why there is none, with its wall time and warnings."""
+    from .solve import BudgetError
 
     start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught, _keep_sigint():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            plan = choose_plan(problem, solver, budget_bytes, options)
-            out: dict[str, Any] = {"plan": plan}
+            out: dict[str, Any] = {"plan": make_plan()}
         except BudgetError as exc:
             out = {"status": "infeasible", "error": str(exc), "min_feasible_bytes": exc.min_feasible_bytes}
         except Exception as exc:
@@ -372,7 +379,6 @@ def solve_torch_pair(work: Workload, budget_bytes: int | None) -> dict[str, Any]
     """torch's own partitioner's choice on the captured graph (needs the FX graph: runs here)."""
     from . import torch_reference
     from .build import classify
-    from .solve import BudgetError
 
     fn = getattr(torch_reference, "torch_plan", None)
     if fn is None:
@@ -380,20 +386,14 @@ def solve_torch_pair(work: Workload, budget_bytes: int | None) -> dict[str, Any]
                                               "(opt_remat.torch_reference.torch_plan)"}
     if work.prepared is None:
         return {"status": "skipped", "error": "the torch baseline needs a captured torch model, not a graph file"}
-    start = time.perf_counter()
-    with quiet_torch(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            joint = work.prepared.copy()
-            info = classify(joint.module, joint.num_fwd_outputs, joint.static_lifetime_input_indices)
-            out: dict[str, Any] = {"plan": fn(joint.module, info, work.problem, budget_bytes)}
-        except BudgetError as exc:
-            out = {"status": "infeasible", "error": str(exc), "min_feasible_bytes": exc.min_feasible_bytes}
-        except Exception as exc:
-            out = {"status": "error", "error": _first_line(exc), "traceback": traceback.format_exc(limit=5)}
-    out["wall_s"] = time.perf_counter() - start
-    out["warnings"] = [str(w.message) for w in caught if not issubclass(w.category, (FutureWarning, DeprecationWarning))]
-    return out
+
+    def make_plan() -> Plan:
+        joint = work.prepared.copy()
+        info = classify(joint.module, joint.num_fwd_outputs, joint.static_lifetime_input_indices)
+        return fn(joint.module, info, work.problem, budget_bytes)
+
+    with quiet_torch():
+        return _solve_recorded(make_plan)
 
 
 # ---- verification (in this process) ---------------------------------------------------------

@@ -21,7 +21,7 @@ class BudgetError(ValueError):
         self.budget = budget
         self.min_feasible_bytes = min_feasible_bytes
         super().__init__(
-            f"budget {format_bytes(budget)} ({budget} bytes) is not met: the smallest plan of any "
+            f"budget {format_bytes(budget)} ({budget} bytes) is infeasible: the smallest plan of any "
             f"solver saves {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
             + (f"; {detail}" if detail else f". Raise the budget to at least {min_feasible_bytes} bytes")
         )
