@@ -216,3 +216,23 @@ def test_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert "VGG16_256" in out and "mincut" in out
     assert "infeasible" in out and "smallest feasible 0 B" in out  # save-all misses m = 0.5
     assert "published reference points" in out
+
+
+@needs_graphs
+def test_peak_budgets_on_published_graphs() -> None:
+    """At m x the no-recompute step peak, the peak model's plans fit by exact simulation; on
+    FCN8 and ResNet50 they reach the published optima's compute overheads (their model allows
+    more schedules, so theirs are lower bounds for ours)."""
+    from solvers.checkmate import compute_overhead_percent
+    from solvers.liveness import simulate_plan
+    from solvers.peak import solve_peak
+    from solvers.registry import solve
+
+    for name, m, published in (("fcn_8_vgg_32_416x608", 0.8, 0.14), ("ResNet50_256", 0.9, 0.11)):
+        problem = load_graph(next(p for p in graph_files(GRAPH_DIR) if graph_name(p) == name))
+        top = simulate_plan(problem, solve(problem, "save-all").saved).peak
+        plan = solve_peak(problem, int(m * top), time_limit_s=30)
+        assert simulate_plan(problem, plan.saved).peak <= m * top
+        assert check_plan(problem, plan).valid
+        overhead = compute_overhead_percent(problem, plan.recompute_cost)
+        assert published - 0.01 <= round(overhead, 2) <= 1.0, overhead
