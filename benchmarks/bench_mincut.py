@@ -1,15 +1,17 @@
-"""Min-cut speed on LLaMA-style joint graphs, next to torch's own partitioner on the same graph.
+"""Scale: LLaMA-style joint graphs captured without allocating, partitioned by torch and opt-remat.
 
-    python benchmarks/bench_mincut.py [--layers 8 32] [--repeats 3]
+    python benchmarks/bench_mincut.py [--layers 8 32 64] [--repeats 2] [--exact] [--time-limit 60]
 
-Prints, per graph: nodes, torch's min_cut_rematerialization_partition time (its whole partition,
-including lowering), opt-remat's stages (build problem, min-cut, lowering, total) and the ratio.
+Prints, per graph: nodes, capture time and peak RSS (fake-tensor capture), torch's
+min_cut_rematerialization_partition time (its whole partition, including lowering), opt-remat's
+stages (build problem, min-cut, lowering, total) and the ratios. With ``--exact``: CP-SAT and
+HiGHS at the saved bytes of torch's ``activation_memory_budget=0.5`` plan (time, gap, cost ratio).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import resource
 import time
 
 import torch
@@ -17,10 +19,12 @@ import torch
 from opt_remat.build import build_problem, classify, prepare_joint
 from opt_remat.capture import capture
 from opt_remat.lower import lower_plan
-from opt_remat.models import Llama, example_inputs
+from opt_remat.models import Llama
+from opt_remat.torch_reference import torch_plan
 from opt_remat.report import table
 from solvers.budget import format_bytes
 from solvers.mincut import solve_mincut
+from solvers.registry import solve
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 
@@ -37,14 +41,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--exact", action="store_true", help="also time CP-SAT and HiGHS at torch's 0.5 bytes")
+    ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
     for layers in args.layers:
-        model = Llama(layers=layers, d_model=64, heads=4, seq=32)
+        def factory(layers=layers):
+            return Llama(layers=layers, d_model=args.d_model, heads=4, seq=args.seq)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        joint = capture(model, example_inputs("llama", model))
+        joint = capture(factory, (torch.zeros(2, args.seq, dtype=torch.long),), meta=True)
         capture_s = time.perf_counter() - t0
+        rss_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rss_before) / 1024
 
         def run_torch():
             j = joint.copy()
@@ -73,8 +84,20 @@ def main() -> None:
             "ours build s": f"{ours['prepare+build']:.3f}", "ours mincut s": f"{ours['mincut']:.3f}",
             "ours lower s": f"{ours['lower']:.3f}", "ours total s": f"{total:.3f}",
             "mincut / torch": f"{ours['mincut'] / torch_s:.3f}", "total / torch": f"{total / torch_s:.2f}",
-            "saved": format_bytes(plan.saved_bytes),
+            "saved": format_bytes(plan.saved_bytes), "peak RSS MB": f"{rss_mb:.0f}",
         })
+        if args.exact:
+            module = prepare_joint(joint.copy().module)
+            info = classify(module, joint.num_fwd_outputs)
+            ref = torch_plan(module, info, problem, fraction=0.5)
+            for solver, opts in (("cpsat", {}), ("milp", {"backend": "highs"})):
+                t = time.perf_counter()
+                exact = solve(problem, solver, ref.saved_bytes, time_limit_s=args.time_limit, **opts)
+                key = "cpsat" if solver == "cpsat" else "highs"
+                rows[-1][f"{key} s"] = f"{time.perf_counter() - t:.1f}"
+                rows[-1][f"{key} gap"] = "-" if exact.gap is None else f"{exact.gap:.2%}"
+                rows[-1][f"{key}/torch cost"] = (f"{exact.recompute_cost / ref.recompute_cost:.2f}"
+                                                 if ref.recompute_cost > 0 else "-")
         print(table(rows[-1:], list(rows[-1])), flush=True)
     print("\nsummary (best of %d):" % args.repeats)
     print(table(rows, list(rows[0])))
