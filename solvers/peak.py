@@ -58,7 +58,6 @@ class PeakInfeasibleError(InfeasibleError):
 
 @dataclass
 class _Layout:
-    forward: list[str]  # forward-role values in order
     stage_of_bw: dict[str, int]  # backward value -> stage
     stages: int
     first_read: dict[str, int]  # candidate -> earliest stage a backward value reads it directly
@@ -137,14 +136,13 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
         members[st] += 1
         transient[st] = max(transient[st], running)
         transient_before[st] = running - allocated_at[i]
-    forward = [n.name for n in problem.nodes if n.role is Role.FORWARD]
-    return _Layout(forward, stage_of_bw, count, first_read, last_read, window, transient,
+    return _Layout(stage_of_bw, count, first_read, last_read, window, transient,
                    transient_before, read_stages, [m == 1 for m in members])
 
 
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
-               seed: int = 0, hint_saved: set[str] | None = None, _fix_hint: bool = False,
+               seed: int = 0, hint_saved: set[str] | None = None,
                _retries: int = 3, _model_budget: int | None = None) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes."""
     from ortools.sat.python import cp_model
@@ -366,8 +364,6 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         for (v, k), var in c.items():
             m.AddHint(var, int(first_need.get(v) == k))
     solver = cp_model.CpSolver()
-    if _fix_hint:
-        solver.parameters.fix_variables_to_their_hinted_value = True
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = max(1, int(threads))
     solver.parameters.random_seed = int(seed)
