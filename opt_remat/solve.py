@@ -33,10 +33,10 @@ class PeakBudgetError(ValueError):
     def __init__(self, peak_budget: int, min_peak: int | None) -> None:
         self.peak_budget = peak_budget
         self.min_peak = min_peak
-        super().__init__(
-            f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: the smallest "
-            f"step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise peak_budget to at "
-            f"least {min_peak} bytes")
+        found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
+                 f"peak_budget to at least {min_peak} bytes" if min_peak is not None
+                 else "no valid plan was found at all (check bans and must-recompute tags)")
+        super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
 def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: int | None,
