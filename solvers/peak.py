@@ -16,10 +16,11 @@ and solved by CP-SAT:
   - 1`` for each consumer w. Per stage: ``T_k + sum_g b_g live[g,k] <= peak_budget`` where ``T_k``
   is the stage's peak of backward temporaries and gradients.
 
-Counting a value as live for its whole stage and every recomputed value for its whole stage makes
-the model an upper bound on the step's real peak (with one backward value per stage it is exact at
-the backward values and conservative only while several values are recomputed before one of
-them). Views of a saveable base are not saved (their base is; recomputing a view is free), as
+Counting a value as live for its whole stage (or, in single-value stages, for its whole bucket of
+recomputations: ``RECOMPUTE_BUCKETS`` moments in graph order) makes the model an upper bound on
+the step's real peak: with one backward value per stage it is exact at the backward values and
+conservative only among values recomputed in the same bucket. When the model finds nothing, its
+limit is relaxed a few times and the exact simulation decides. Views of a saveable base are not saved (their base is; recomputing a view is free), as
 torch's partitioner does. Every plan is re-simulated exactly (``solvers.liveness``): the simulation
 is the reported prediction and never exceeds the budget. Since the model is conservative, its
 optimum is optimal among the plans it admits: the status says ``feasible`` and
@@ -40,6 +41,9 @@ from .problem import Plan, Problem, Role, Status, plan_from_saved, recompute_clo
 # backward stages: one per backward value is the most precise but grows with the graph; 24 keeps
 # CP-SAT at seconds on small transformer graphs (measured: 16 stages ~1 s, one per value > 30 s)
 DEFAULT_STAGES = 24
+# recomputation moments per single-value stage: more buckets count fewer values that are never
+# alive together (a chain of recomputed values), at the price of more variables
+RECOMPUTE_BUCKETS = 4
 
 
 class PeakInfeasibleError(InfeasibleError):
@@ -143,7 +147,7 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
                seed: int = 0, hint_saved: set[str] | None = None,
-               _retries: int = 3, _model_budget: int | None = None) -> Plan:
+               _retries: int = 3, _relax: int = 3, _model_budget: int | None = None) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes."""
     from ortools.sat.python import cp_model
 
@@ -300,21 +304,30 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
             partial = total
         m.Add(const[t] + partial <= limit)
     # ---- backward peak, per stage ----
-    # Two moments per stage: while recomputing (everything computed in the stage counts) and, for
-    # single-value stages, at the backward value itself (values computed in the stage and used
-    # only by other values computed there are already freed).
+    # Moments per stage: for single-value stages, at the backward value itself (values computed in
+    # the stage and used only by values computed there are freed by then) and during the
+    # recomputation before it, split into buckets of the values that may be recomputed there, in
+    # the graph order just-in-time recomputation follows (a value counts in a bucket if it exists
+    # by the bucket's end and is used in it or later). Coarse stages count everything computed in
+    # the stage at once.
     computable = {w for (w, _) in c}
     consumers = {v: [w for w in problem.users[v] if w in computable] for v in cand}
-    during_terms: list[list] = [[] for _ in range(lay.stages)]
-    at_terms: list[list] = [[] for _ in range(lay.stages)]
-    live_during: dict[tuple[str, int], cp_model.IntVar] = {}
-    live_at: dict[tuple[str, int], cp_model.IntVar] = {}
+    bucket: dict[tuple[str, int], int] = {}
+    buckets = [1] * lay.stages
+    for k in range(lay.stages):
+        events = sorted((w for (w, j) in c if j == k), key=problem.index.__getitem__)
+        if lay.single[k] and events:
+            buckets[k] = min(RECOMPUTE_BUCKETS, len(events))
+            for i, w in enumerate(events):
+                bucket[w, k] = i * buckets[k] // len(events)
+    terms: dict[tuple[int, int | str], list] = {}
+    live: dict[tuple[str, int, int | str], cp_model.IntVar] = {}
 
-    def live_var(table: dict, terms: list, g: str, k: int, tag: str) -> cp_model.IntVar:
-        if (g, k) not in table:
-            table[g, k] = m.NewBoolVar(f"{tag}_{g}_{k}")
-            terms[k].append(size[g] * table[g, k])
-        return table[g, k]
+    def live_var(g: str, k: int, moment: int | str) -> cp_model.IntVar:
+        if (g, k, moment) not in live:
+            live[g, k, moment] = m.NewBoolVar(f"live_{g}_{k}_{moment}")
+            terms.setdefault((k, moment), []).append(size[g] * live[g, k, moment])
+        return live[g, k, moment]
 
     for v in cand:
         g = by_name[v].storage_id
@@ -323,26 +336,36 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         lo = 0 if v in s else lay.window.get(v, (lay.stages, -1))[0]
         hi = max([lay.last_read.get(v, -1)] + [lay.window[w][1] for w in consumers[v] if w in lay.window])
         for k in range(max(lo, 0), hi + 1):
-            a = avail(v, k)
-            during = live_var(live_during, during_terms, g, k, "live")
-            at = live_var(live_at, at_terms, g, k, "at") if lay.single[k] else None
-            if lay.last_read.get(v, -1) >= k:
-                m.Add(during >= a)
-                if at is not None:
+            read_here_or_later = lay.last_read.get(v, -1) >= k
+            before = avail(v, k - 1) if k > 0 else (s[v] if v in s else 0)
+            if lay.single[k]:
+                at = live_var(g, k, "at")
+                a = avail(v, k)
+                if read_here_or_later:
                     m.Add(at >= a)
-            for w in consumers[v]:
-                later = [c[w, j] for j in range(k, lay.stages) if (w, j) in c]
-                if later:
-                    m.Add(during >= a + sum(later) - 1)
-                strictly_later = [c[w, j] for j in range(k + 1, lay.stages) if (w, j) in c]
-                if at is not None and strictly_later:
-                    m.Add(at >= a + sum(strictly_later) - 1)
+                for w in consumers[v]:
+                    later = [c[w, j] for j in range(k + 1, lay.stages) if (w, j) in c]
+                    if later:
+                        m.Add(at >= a + sum(later) - 1)
+            for b in range(buckets[k]):
+                during = live_var(g, k, b)
+                here = c[v, k] if (v, k) in c and bucket.get((v, k), 0) <= b else 0
+                a = before + here
+                if read_here_or_later:
+                    m.Add(during >= a)
+                for w in consumers[v]:
+                    later = [c[w, j] for j in range(k + 1, lay.stages) if (w, j) in c]
+                    if (w, k) in c and bucket.get((w, k), 0) >= b:
+                        later.append(c[w, k])
+                    if later:
+                        m.Add(during >= a + sum(later) - 1)
     for k in range(lay.stages):
         if lay.single[k]:
-            m.Add(lay.transient[k] + sum(at_terms[k]) <= limit)
-            m.Add(lay.transient_before[k] + sum(during_terms[k]) <= limit)
+            m.Add(lay.transient[k] + sum(terms.get((k, "at"), [])) <= limit)
+            for b in range(buckets[k]):
+                m.Add(lay.transient_before[k] + sum(terms.get((k, b), [])) <= limit)
         else:
-            m.Add(lay.transient[k] + sum(during_terms[k]) <= limit)
+            m.Add(lay.transient[k] + sum(terms.get((k, 0), [])) <= limit)
 
     # objective: recompute cost (scaled to integers), tie-break on saved bytes
     costs = {v: problem.recompute_cost_of(v) for v in r}
@@ -369,7 +392,13 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     solver.parameters.random_seed = int(seed)
     status = solver.Solve(m)
     elapsed = time.perf_counter() - start
-    if status == cp_model.INFEASIBLE:  # for the conservative model: a frontier plan may still fit
+    if status == cp_model.INFEASIBLE:
+        # The model over-counts, so plans it rejects may still fit: relax its limit and let the
+        # exact simulation judge (a few times), then the best fitting min-cut plan.
+        if _relax > 0:
+            return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
+                              threads=threads, seed=seed, _retries=1, _relax=_relax - 1,
+                              _model_budget=int(limit * 1.1) + 1)
         return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, model_infeasible=True)
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"opt-remat internal error: invalid peak model: {m.Validate()}")
@@ -388,11 +417,11 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         # overshoot and solve again; the simulation has the last word.
         if _retries > 0:
             return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
-                              threads=threads, seed=seed, _retries=_retries - 1,
-                              _model_budget=(_model_budget or peak_budget) - (curve.peak - peak_budget))
+                              threads=threads, seed=seed, _retries=_retries - 1, _relax=0,
+                              _model_budget=limit - (curve.peak - peak_budget))
         return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, model_infeasible=True)
     model_bound = min(solver.BestObjectiveBound() / scale, plan.recompute_cost)
-    proven = status == cp_model.OPTIMAL
+    proven = status == cp_model.OPTIMAL and limit == peak_budget  # a relaxed model proves nothing
     # The model is a safe (upper) bound on live memory, so its optimum is optimal among the plans
     # it can see; the status stays "feasible" and the model's bound is reported separately.
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
@@ -403,7 +432,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                          + ("optimal for the stage model" if proven else "time limit hit")),
                 extra={"peak": curve.peak, "peak_budget": peak_budget, "stages": lay.stages,
                        "model_optimal": proven, "model_bound": model_bound,
-                       "num_vars": len(s) + len(c) + len(y) + len(live_during) + len(live_at)})
+                       "num_vars": len(s) + len(c) + len(y) + len(live)})
 
 
 def _frontier(problem: Problem) -> list[Plan]:
