@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
 import torch.fx as fx
 from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp

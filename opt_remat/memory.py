@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from torch._inductor.fx_utils import get_node_storage
+from torch._inductor.fx_utils import get_node_storage, get_storage
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -31,8 +32,6 @@ def _storages_of(node: fx.Node) -> list[tuple[Any, int]]:
     out = []
     for v in vals:
         if isinstance(v, torch.Tensor) and torch._C._has_storage(v):
-            from torch._inductor.fx_utils import get_storage
-            from torch.fx.experimental.symbolic_shapes import optimization_hint
             out.append((get_storage(v), max(tensor_bytes(v), int(optimization_hint(
                 v.untyped_storage().nbytes(), fallback=0)))))
     return out

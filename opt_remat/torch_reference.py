@@ -12,7 +12,7 @@ import torch.fx as fx
 from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 
-from solvers import Plan, Problem, Status
+from solvers import Plan, Problem, Status, recompute_closure
 
 
 def _annotate_dist_from_bw(joint_module: fx.GraphModule, info: tp.NodeInfo) -> None:
@@ -49,17 +49,9 @@ def plan_of_saved_set(problem: Problem, saved: set[str], *, solver: str, budget:
     in ``extra["recomputes_banned"]`` and the message, instead of being rejected.
     """
     saved = {s for s in saved if s in problem.by_name}
-    recomputed: set[str] = set()
-    stack = [r for r in problem.backward_reads if r not in saved]
-    while stack:
-        name = stack.pop()
-        if name in recomputed or name in saved:
-            continue
-        recomputed.add(name)
-        stack.extend(problem.by_name[name].inputs)
+    recomputed, _ = recompute_closure(problem, saved, ignore_bans=True)
     banned = sorted(r for r in recomputed if not problem.can_recompute(r))
-    used = set(problem.backward_reads).union(*(problem.by_name[r].inputs for r in recomputed)) \
-        if recomputed else set(problem.backward_reads)
+    used = set(problem.backward_reads).union(*(problem.by_name[r].inputs for r in recomputed))
     kept = frozenset(s for s in saved if s in used)
     saved_bytes = problem.saved_bytes(kept)
     over = budget is not None and saved_bytes > budget

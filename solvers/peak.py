@@ -29,11 +29,11 @@ optimum is optimal among the plans it admits: the status says ``feasible`` and
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from .liveness import MemoryCurve, simulate_plan
+from .liveness import simulate_plan
 from .mincut import InfeasibleError
 from .problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
 
@@ -73,6 +73,27 @@ class _Layout:
     single: list[bool]  # the stage holds one backward value
 
 
+def _lifetimes(problem: Problem, order: list[str],
+               runs: Callable[[str], bool]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per counted storage: the step that first produces it and the last step that reads it,
+    over the values of ``order`` for which ``runs`` holds."""
+    by_name = problem.by_name
+    produced: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, name in enumerate(order):
+        if not runs(name):
+            continue
+        g = by_name[name].storage_id
+        if problem.counts_memory(g):
+            produced.setdefault(g, i)
+            last[g] = max(last.get(g, i), i)
+        for u in by_name[name].inputs:
+            gu = by_name[u].storage_id
+            if gu in produced:
+                last[gu] = max(last[gu], i)
+    return produced, last
+
+
 def _layout(problem: Problem, stages: int | None) -> _Layout:
     by_name = problem.by_name
     backward = [n.name for n in problem.nodes if n.role is Role.BACKWARD]
@@ -108,21 +129,10 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 
     # backward temporaries (backward values' own storages) and gradients, per stage
     size = problem.storage_size
-    produced: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for i, name in enumerate(backward):
-        g = by_name[name].storage_id
-        produced.setdefault(g, i)
-        last[g] = max(last.get(g, i), i)
-        for u in by_name[name].inputs:
-            gu = by_name[u].storage_id
-            if gu in produced:
-                last[gu] = max(last[gu], i)
+    produced, last = _lifetimes(problem, backward, lambda name: True)
     grads = {by_name[o].storage_id for o in problem.backward_outputs}
     delta = [0] * (k + 1)
     for g, start in produced.items():
-        if not problem.counts_memory(g):
-            continue
         end = k - 1 if g in grads else last[g]
         delta[start] += size[g]
         delta[end + 1] -= size[g]
@@ -131,8 +141,7 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
     members = [0] * count
     allocated_at = [0] * (k + 1)
     for g, start in produced.items():
-        if problem.counts_memory(g):
-            allocated_at[start] += size[g]
+        allocated_at[start] += size[g]
     running = 0
     for i, name in enumerate(backward):
         running += delta[i]
@@ -147,7 +156,8 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
                seed: int = 0, hint_saved: set[str] | None = None,
-               _retries: int = 3, _relax: int = 3, _model_budget: int | None = None) -> Plan:
+               _retries: int = 3, _relax: int = 3, _model_budget: int | None = None,
+               _frontier_plans: list[tuple[Plan, int]] | None = None) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes."""
     from ortools.sat.python import cp_model
 
@@ -231,19 +241,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                 if n.role is Role.FORWARD or (n.role is Role.EITHER and n.name in s)]
     position = {name: i for i, name in enumerate(sequence)}
     outputs = {by_name[o].storage_id for o in problem.forward_outputs}
-    prod: dict[str, int] = {}
-    end: dict[str, int] = {}
-    for i, name in enumerate(sequence):
-        if by_name[name].role is not Role.FORWARD:
-            continue
-        g = by_name[name].storage_id
-        if problem.counts_memory(g):
-            prod.setdefault(g, i)
-            end[g] = max(end.get(g, i), i)
-        for u in by_name[name].inputs:
-            gu = by_name[u].storage_id
-            if gu in prod:
-                end[gu] = max(end[gu], i)
+    prod, end = _lifetimes(problem, sequence, lambda name: by_name[name].role is Role.FORWARD)
     # a saved either-value reads forward values late in the forward: they stay alive to its end
     # (counted like saved ones: conservative by at most the steps between)
     kept: dict[str, cp_model.IntVar] = dict(y)
@@ -373,12 +371,12 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     scale = (2**40 / sum(positive)) if positive else 1.0
     m.Minimize(sum(int(round(costs[v] * scale)) * r[v] for v in r if costs[v] > 0 and not isinstance(r[v], int)))
 
+    frontier = _frontier(problem) if _frontier_plans is None else _frontier_plans
     warm = None
     if hint_saved is None:  # warm start from the cheapest min-cut frontier plan that fits
-        fitting = [p for p in _frontier(problem) if simulate_plan(problem, p.saved).peak <= peak_budget
-                   and (budget is None or p.saved_bytes <= budget)]
-        if fitting:
-            warm = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes))
+        best = _cheapest_fitting(frontier, peak_budget, budget)
+        if best is not None:
+            warm = best[0]
             hint_saved = set(warm.saved)
     if hint_saved is not None:  # warm start: saved values, and recomputation at first need
         first_need = _first_need_stage(problem, lay, set(hint_saved))
@@ -398,12 +396,13 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         if _relax > 0:
             return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
                               threads=threads, seed=seed, _retries=1, _relax=_relax - 1,
-                              _model_budget=int(limit * 1.1) + 1)
-        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, model_infeasible=True)
+                              _model_budget=int(limit * 1.1) + 1, _frontier_plans=frontier)
+        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, frontier,
+                         model_infeasible=True)
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"opt-remat internal error: invalid peak model: {m.Validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s)
+        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, frontier)
     elapsed = time.perf_counter() - start
     saved = [v for v, var in s.items() if solver.Value(var)]
     if warm is not None and problem.recompute_cost(recompute_closure(problem, saved)[0]) > warm.recompute_cost:
@@ -418,8 +417,9 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         if _retries > 0:
             return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
                               threads=threads, seed=seed, _retries=_retries - 1, _relax=0,
-                              _model_budget=limit - (curve.peak - peak_budget))
-        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, model_infeasible=True)
+                              _model_budget=limit - (curve.peak - peak_budget), _frontier_plans=frontier)
+        return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, frontier,
+                         model_infeasible=True)
     model_bound = min(solver.BestObjectiveBound() / scale, plan.recompute_cost)
     proven = status == cp_model.OPTIMAL and limit == peak_budget  # a relaxed model proves nothing
     # The model is a safe (upper) bound on live memory, so its optimum is optimal among the plans
@@ -435,35 +435,41 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                        "num_vars": len(s) + len(c) + len(y) + len(live)})
 
 
-def _frontier(problem: Problem) -> list[Plan]:
-    """Min-cut plans across the memory/recompute trade-off (cheap candidates for peaks)."""
+def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
+    """Min-cut plans across the memory/recompute trade-off with their simulated peaks: cheap
+    candidates (warm start, fallback, the smallest peak found) computed once per solve."""
     from .mincut import lam_range, solve_mincut
     lo, hi = lam_range(problem)
-    plans = []
+    out = []
     for lam in [0.0, lo] + [lo * (hi / max(lo, 1e-300)) ** (i / 8) for i in range(1, 9)]:
         try:
-            plans.append(solve_mincut(problem, lam))
+            plan = solve_mincut(problem, lam)
         except InfeasibleError:
             continue
-    return plans
+        out.append((plan, simulate_plan(problem, plan.saved).peak))
+    return out
 
 
-def _smallest_peak(problem: Problem) -> tuple[int | None, bool]:
-    """The smallest simulated peak among the min-cut frontier plans (not proven minimal)."""
-    peaks = [simulate_plan(problem, p.saved).peak for p in _frontier(problem)]
-    return (min(peaks) if peaks else None), False
+def _cheapest_fitting(frontier: list[tuple[Plan, int]], peak_budget: int,
+                      budget: int | None) -> tuple[Plan, int] | None:
+    fitting = [(p, peak) for p, peak in frontier
+               if peak <= peak_budget and (budget is None or p.saved_bytes <= budget)]
+    return min(fitting, key=lambda x: (x[0].recompute_cost, x[0].saved_bytes)) if fitting else None
+
+
+def _infeasible(peak_budget: int, frontier: list[tuple[Plan, int]]) -> PeakInfeasibleError:
+    """The error naming the smallest simulated peak among the frontier plans (not proven)."""
+    return PeakInfeasibleError(peak_budget, min((peak for _, peak in frontier), default=None), False)
 
 
 def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: float,
-              time_limit_s: float, model_infeasible: bool = False) -> Plan:
+              time_limit_s: float, frontier: list[tuple[Plan, int]],
+              model_infeasible: bool = False) -> Plan:
     """No plan from CP-SAT in time: the cheapest min-cut frontier plan that fits, said so."""
-    fitting = [(p.recompute_cost, p) for p in _frontier(problem)
-               if simulate_plan(problem, p.saved).peak <= peak_budget
-               and (budget is None or p.saved_bytes <= budget)]
-    if not fitting:
-        raise PeakInfeasibleError(peak_budget, *_smallest_peak(problem))
-    plan = min(fitting, key=lambda x: x[0])[1]
-    peak = simulate_plan(problem, plan.saved).peak
+    best = _cheapest_fitting(frontier, peak_budget, budget)
+    if best is None:
+        raise _infeasible(peak_budget, frontier)
+    plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="cpsat-peak",
                 status=Status.HEURISTIC if model_infeasible else Status.TIME_LIMIT,
@@ -490,13 +496,11 @@ def _first_need_stage(problem: Problem, lay: _Layout, saved: set[str]) -> dict[s
 def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None) -> Plan:
     """The cheapest min-cut frontier plan whose simulated peak fits: fast, not proven optimal."""
     start = time.perf_counter()
-    fitting = [p for p in _frontier(problem)
-               if simulate_plan(problem, p.saved).peak <= peak_budget
-               and (budget is None or p.saved_bytes <= budget)]
-    if not fitting:
-        raise PeakInfeasibleError(peak_budget, *_smallest_peak(problem))
-    plan = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes))
-    peak = simulate_plan(problem, plan.saved).peak
+    frontier = _frontier(problem)
+    best = _cheapest_fitting(frontier, peak_budget, budget)
+    if best is None:
+        raise _infeasible(peak_budget, frontier)
+    plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,

@@ -218,11 +218,14 @@ class PlanError(ValueError):
     """A saved set from which the backward cannot be computed."""
 
 
-def recompute_closure(problem: Problem, saved: Iterable[str]) -> tuple[frozenset[str], list[str]]:
+def recompute_closure(problem: Problem, saved: Iterable[str], *,
+                      ignore_bans: bool = False) -> tuple[frozenset[str], list[str]]:
     """The values the backward must recompute given ``saved``, and what makes that impossible.
 
     Walks back from what the backward reads through values that are not saved. Returns the
     recomputed set and a list of error strings (empty when the saved set is sufficient).
+    ``ignore_bans`` walks through banned values too (to read back another partitioner's plan that
+    recomputes them); graph inputs stay errors.
     """
     saved_set = frozenset(saved)
     errors: list[str] = []
@@ -233,7 +236,7 @@ def recompute_closure(problem: Problem, saved: Iterable[str]) -> tuple[frozenset
         if name in recomputed:
             continue
         node = problem.by_name[name]
-        if not problem.can_recompute(name):
+        if not problem.can_recompute(name) and not (ignore_bans and node.role is not Role.INPUT):
             why = "a graph input" if node.role is Role.INPUT else "banned from recomputation"
             errors.append(f"{name!r} is needed in the backward but is neither saved nor recomputable ({why})")
             continue
