@@ -65,6 +65,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .mincut import _INF_BITS, InfeasibleError, lam_range, solve_mincut
+from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model
 from .problem import Plan, Problem, Status, plan_from_saved
 from .registry import register
 
@@ -102,149 +103,6 @@ class MIPTimeLimitError(TimeoutError):
     """The solver found no plan in its time limit and no warm-start plan fits the budget."""
 
 
-# ---- the model ---------------------------------------------------------------------------------
-@dataclass
-class _Model:
-    """The presolved 0-1 program; variables are indices 0..num_vars-1."""
-
-    num_vars: int
-    s_var: dict[str, int]  # saveable value -> its s variable
-    r_var: dict[str, int]  # recomputable value -> its r variable
-    free_saved: list[str]  # saved at no memory cost (always part of the plan's saved set)
-    lower: list[int]  # per-variable lower bound (1 where the backward reads the only way to get it)
-    covers: list[list[int]]  # sum(x) >= 1
-    implications: list[tuple[int, list[int]]]  # x_a <= sum(x_b)
-    storage_links: list[tuple[int, list[int]]]  # (y_g, its members' s variables): s_v <= y_g
-    mem_var: list[int]  # y_g per counted storage (an s variable when g has one saveable member)
-    mem_size: list[int]
-    cost: dict[int, float]  # r variable -> recompute cost (only positive costs)
-    shared: bool  # some storage has two saveable members: the min-cut overcharges it
-    num_relevant: int
-
-    @property
-    def num_constraints(self) -> int:
-        return (len(self.covers) + len(self.implications)
-                + sum(len(m) for _, m in self.storage_links) + 1)
-
-
-def _build_model(problem: Problem) -> _Model:
-    """Presolve and build the model; raises InfeasibleError when no plan exists at all."""
-    possible: dict[str, bool] = {}  # can be made available in the backward at all
-    rec_ok: dict[str, bool] = {}  # can be recomputed (allowed and inputs obtainable)
-    free: dict[str, bool] = {}
-    free_saved: list[str] = []
-    inputs_of: dict[str, tuple[str, ...]] = {}
-    for node in problem.candidates:  # topological order
-        name = node.name
-        ins = tuple(dict.fromkeys(node.inputs))  # deduplicated, order kept
-        inputs_of[name] = ins
-        cs = problem.can_save(name)
-        rec = problem.can_recompute(name) and all(possible[u] for u in ins)
-        rec_ok[name] = rec
-        possible[name] = cs or rec
-        if cs and not problem.counts_memory(node.storage_id):
-            free[name] = True
-            free_saved.append(name)
-        else:
-            free[name] = rec and problem.recompute_cost_of(name) == 0.0 and all(free[u] for u in ins)
-
-    reads = sorted(problem.backward_reads, key=problem.index.__getitem__)
-    impossible = [r for r in reads if not possible[r]]
-    if impossible:
-        raise InfeasibleError(
-            "no valid plan: the backward reads " + ", ".join(repr(r) for r in impossible[:5])
-            + " which can be neither saved nor recomputed (check bans and must-recompute tags)")
-
-    # values that matter: reached from the reads through recomputable, non-free values
-    relevant: set[str] = set()
-    stack = [r for r in reads if not free[r]]
-    while stack:
-        v = stack.pop()
-        if v in relevant:
-            continue
-        relevant.add(v)
-        if rec_ok[v]:
-            stack.extend(u for u in inputs_of[v] if not free[u] and u not in relevant)
-
-    s_var: dict[str, int] = {}
-    r_var: dict[str, int] = {}
-    cost: dict[int, float] = {}
-    by_storage: dict[str, list[int]] = {}
-    n = 0
-    order = sorted(relevant, key=problem.index.__getitem__)
-    for v in order:
-        if problem.can_save(v):
-            s_var[v] = n
-            by_storage.setdefault(problem.by_name[v].storage_id, []).append(n)
-            n += 1
-        if rec_ok[v]:
-            r_var[v] = n
-            c = problem.recompute_cost_of(v)
-            if c > 0:
-                cost[n] = c
-            n += 1
-
-    def avail(u: str) -> list[int]:
-        out = []
-        if u in s_var:
-            out.append(s_var[u])
-        if u in r_var:
-            out.append(r_var[u])
-        return out
-
-    lower = [0] * n
-    covers: list[list[int]] = []
-    for r in reads:
-        if free[r]:
-            continue
-        lits = avail(r)
-        if len(lits) == 1:
-            lower[lits[0]] = 1
-        else:
-            covers.append(lits)
-    implications: list[tuple[int, list[int]]] = []
-    for v in order:
-        if v in r_var:
-            a = r_var[v]
-            for u in inputs_of[v]:
-                if not free[u]:
-                    implications.append((a, avail(u)))
-
-    mem_var: list[int] = []
-    mem_size: list[int] = []
-    storage_links: list[tuple[int, list[int]]] = []
-    for g, members in by_storage.items():
-        size = problem.storage_size[g]
-        if len(members) == 1:
-            y = members[0]
-        else:
-            y = n
-            lower.append(0)
-            n += 1
-            storage_links.append((y, members))
-        if size > 0:
-            mem_var.append(y)
-            mem_size.append(size)
-    return _Model(num_vars=n, s_var=s_var, r_var=r_var, free_saved=free_saved, lower=lower,
-                  covers=covers, implications=implications, storage_links=storage_links,
-                  mem_var=mem_var, mem_size=mem_size, cost=cost, shared=bool(storage_links),
-                  num_relevant=len(relevant))
-
-
-def _hint_from_plan(model: _Model, plan: Plan) -> list[int]:
-    """Variable values of a plan, for solver warm starts."""
-    values = [0] * model.num_vars
-    for v in plan.saved:
-        if v in model.s_var:
-            values[model.s_var[v]] = 1
-    for v in plan.recomputed:
-        if v in model.r_var:
-            values[model.r_var[v]] = 1
-    for y, members in model.storage_links:
-        values[y] = max(values[s] for s in members)
-    return values
-
-
 # ---- objective scaling -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _CostScale:
@@ -259,7 +117,7 @@ class _CostScale:
     gcd: int  # gcd of the positive integer costs (1 when there are none)
 
     @staticmethod
-    def of(model: _Model) -> "_CostScale":
+    def of(model: Model) -> "_CostScale":
         n_mem = len(model.mem_size)
         tie_bits = max(16, n_mem.bit_length() + 6)
         total_m = sum(model.mem_size)
@@ -297,7 +155,7 @@ class _Result:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-def _run_cpsat(model: _Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
+def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
                *, time_limit_s: float, threads: int, seed: int, presolve: bool = False,
                proven: Callable[[float, float], bool] | None = None) -> _Result:
     """Solve with CP-SAT. Once ``proven(incumbent, bound)`` holds (objective values as floats;
@@ -397,7 +255,7 @@ def _run_cpsat(model: _Model, objective: dict[int, int], budget: int | None, hin
                    "feasible" if values is not None else "unknown", values, bound, detail)
 
 
-def _milp_rows(model: _Model) -> tuple[list[list[int]], list[list[float]], list[float]]:
+def _milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[float]]:
     """Constraint rows (columns, coefficients, lower bound) as ``sum >= lower``."""
     cols: list[list[int]] = []
     coefs: list[list[float]] = []
@@ -418,7 +276,7 @@ def _milp_rows(model: _Model) -> tuple[list[list[int]], list[list[float]], list[
     return cols, coefs, lows
 
 
-def _run_highs(model: _Model, objective: dict[int, float], budget: int | None,
+def _run_highs(model: Model, objective: dict[int, float], budget: int | None,
                hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
                cap: tuple[dict[int, float], float] | None = None, gap_abs: float) -> _Result:
     # highspy directly: the model goes in as one CSR matrix, and setSolution gives the warm start
@@ -509,7 +367,7 @@ def _run_highs(model: _Model, objective: dict[int, float], budget: int | None,
 _CBC_BOUND = re.compile(r"^Lower bound:\s*(\S+)", re.MULTILINE)
 
 
-def _run_cbc(model: _Model, objective: dict[int, float], budget: int | None,
+def _run_cbc(model: Model, objective: dict[int, float], budget: int | None,
              hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
              cap: tuple[dict[int, float], float] | None = None, gap_abs: float) -> _Result:
     import pulp  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
@@ -582,7 +440,7 @@ class _WarmStart:
     min_bytes: int | None  # proven smallest feasible saved bytes, when the sweep established it
 
 
-def _warm_start(problem: Problem, model: _Model, budget: int | None, *, cuts: int,
+def _warm_start(problem: Problem, model: Model, budget: int | None, *, cuts: int,
                 deadline: float) -> _WarmStart:
     """A short ``lam`` sweep of exact min-cuts: best fitting plan, and a Lagrangian bound."""
     lo, hi = lam_range(problem)
@@ -643,7 +501,7 @@ class _MinBytes:
     values: list[int] | None  # that plan's variables
 
 
-def _min_feasible_bytes(model: _Model, *, time_limit_s: float, threads: int,
+def _min_feasible_bytes(model: Model, *, time_limit_s: float, threads: int,
                         seed: int) -> _MinBytes:
     """The smallest saved bytes of any plan, by CP-SAT on exact integer bytes."""
     obj: dict[int, int] = {}
@@ -656,7 +514,7 @@ def _min_feasible_bytes(model: _Model, *, time_limit_s: float, threads: int,
     return _MinBytes(best, int(res.bound) if res.bound is not None else 0, res.values)
 
 
-def _saved_set(model: _Model, values: Sequence[int]) -> list[str]:
+def _saved_set(model: Model, values: Sequence[int]) -> list[str]:
     return [v for v, i in model.s_var.items() if values[i]] + model.free_saved
 
 
@@ -671,7 +529,7 @@ class _Solved:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-def _solve_cpsat(model: _Model, scale: _CostScale, budget: int | None, hint: list[int] | None,
+def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list[int] | None,
                  *, time_limit_s: float, threads: int, seed: int) -> _Solved:
     # one lexicographic objective: W * (integer cost) + (quantized memory), sum(memory) < W
     w, g = scale.w, scale.gcd
@@ -709,7 +567,7 @@ def _solve_cpsat(model: _Model, scale: _CostScale, budget: int | None, hint: lis
     return _Solved(res, bound, saved, scale.exact, detail)
 
 
-def _solve_milp(problem: Problem, model: _Model, scale: _CostScale, budget: int | None,
+def _solve_milp(problem: Problem, model: Model, scale: _CostScale, budget: int | None,
                 hint: list[int] | None, *, engine: str, deadline: float, threads: int,
                 seed: int) -> _Solved:
     # lexicographic in two solves: least cost, then least memory at that cost (a tie-break term in
@@ -769,7 +627,7 @@ def _solve_milp(problem: Problem, model: _Model, scale: _CostScale, budget: int 
 
 def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
               time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
-              warm_start_cuts: int = 16) -> Plan:
+              warm_start_cuts: int = 16, presolve: bool = True) -> Plan:
     """The least-recompute plan whose saved bytes fit ``budget`` (None: no limit), by a MIP.
 
     Among plans of equal cost it returns one with the least saved bytes. ``engine``: "cpsat"
@@ -796,14 +654,19 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
     start = time.perf_counter()
     deadline = start + time_limit_s
 
-    model = _build_model(problem)
+    model = build_model(problem)
+    if presolve:
+        model = presolve_model(problem, model)
     t_model = time.perf_counter()
     warm = _warm_start(problem, model, budget, cuts=warm_start_cuts,
                        deadline=start + 0.25 * time_limit_s)
     t_warm = time.perf_counter()
     if warm.min_bytes is not None and budget is not None and warm.min_bytes > budget:
         raise BudgetInfeasibleError(budget, warm.min_bytes)
-    hint = _hint_from_plan(model, warm.plan) if warm.plan is not None else None
+    hint = None
+    if warm.plan is not None:  # as the presolved program sees it: dominated savings replaced
+        hint = hint_from_plan(model, plan_from_saved(problem, normalize_saved(model, warm.plan.saved),
+                                                     solver="mincut", status=Status.HEURISTIC))
     scale = _CostScale.of(model)
 
     if engine == "cpsat":
@@ -849,7 +712,7 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
         lagrangian = scale.quantum * math.ceil(lagrangian / scale.quantum - 1e-9)
     bound = max(solved.bound or 0.0, lagrangian)
     extra: dict[str, object] = {
-        "backend": engine, "num_vars": model.num_vars, "num_constraints": model.num_constraints,
+        "backend": engine, "num_vars": model.num_vars, "presolve_merged": model.merged, "presolve_fixed": model.fixed, "num_constraints": model.num_constraints,
         "num_candidates": len(problem.candidates), "num_relevant": model.num_relevant,
         "model_s": t_model - start, "warm_start_s": t_warm - t_model, "solve_s": t_solve - t_warm,
         "warm_start_cuts": warm.cuts,
