@@ -67,3 +67,46 @@ def random_problem(
     fixed = [n if not (n.banned and n.must_recompute) else Node(**{**n.__dict__, "must_recompute": False})
              for n in nodes]
     return Problem(tuple(fixed), name=f"random-{seed}")
+
+
+def repeated_problem(seed: int, *, layers: int = 4, per_layer: int = 5, reads: int = 2,
+                     view_prob: float = 0.2, ban_prob: float = 0.1) -> Problem:
+    """``layers`` copies of one random block (a forward chain with its weight input, and a
+    backward block reading some of its values), like a transformer's joint graph."""
+    rng = random.Random(seed)
+    # the block: per value (inputs as offsets into the block, -1 = the block's input, "w" = weight)
+    block = []
+    for i in range(per_layer):
+        pool = [-1] + list(range(i))
+        ins = sorted(set(rng.sample(pool[-3:], k=min(len(pool[-3:]), rng.randint(1, 2)))))
+        view = i > 0 and rng.random() < view_prob
+        block.append({"ins": [i - 1] if view else ins, "weight": not view and rng.random() < 0.5,
+                      "view": view, "bytes": rng.randint(1, 8) * 16, "cost": float(rng.randint(1, 9)),
+                      "banned": rng.random() < ban_prob})
+    read = sorted(rng.sample(range(per_layer), k=min(reads, per_layer)))
+    nodes = [Node("x", Role.INPUT, bytes=64)]
+    prev = "x"
+    names: list[list[str]] = []
+    for layer in range(layers):
+        nodes.append(Node(f"w{layer}", Role.INPUT, bytes=32))
+        here: list[str] = []
+        for i, spec in enumerate(block):
+            ins = [prev if j == -1 else here[j] for j in spec["ins"]]
+            if spec["weight"]:
+                ins.append(f"w{layer}")
+            storage = nodes[-1].storage_id if spec["view"] else None
+            name = f"l{layer}_{i}"
+            nodes.append(Node(name, Role.FORWARD, tuple(ins), bytes=spec["bytes"] // (4 if spec["view"] else 1),
+                              storage=storage, cost=0.0 if spec["view"] else spec["cost"],
+                              banned=spec["banned"] and not spec["view"]))
+            here.append(name)
+        names.append(here)
+        prev = here[-1]
+    grad = prev
+    for layer in reversed(range(layers)):
+        for j, i in enumerate(read):
+            name = f"g{layer}_{j}"
+            nodes.append(Node(name, Role.BACKWARD, (grad, names[layer][i]), bytes=16))
+            grad = name
+    return Problem(tuple(nodes), name=f"repeated-{seed}", forward_outputs=frozenset([prev]),
+                   backward_outputs=frozenset([grad]))
