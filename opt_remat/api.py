@@ -128,7 +128,8 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
     torch's ``activation_memory_budget``. ``options`` go to the solver (e.g. ``lam`` for mincut,
-    ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp). ``plan``: a JSON plan
+    ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp; ``symmetry="warm"`` or
+    ``"tie"`` for cpsat/milp on models of repeated layers, see ``solvers.mip.solve_mip``). ``plan``: a JSON plan
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
     ``peak_budget``: bytes of the whole step's peak of live activations, recomputed values and
     gradients (parameters and inputs excluded); can be combined with ``budget``.

@@ -45,7 +45,8 @@ BUILTIN_FACTORIES = {"mlp", "gpt2", "llama", "resnet"}
 TORCH_SOLVER = "torch"  # torch's own min-cut at activation_memory_budget, run on the FX graph
 
 # option enums the registry functions cannot express in their signatures
-_OPTION_ENUMS = {("milp", "backend"): ["cbc", "highs"], ("mincut", "backend"): ["ortools", "networkx"]}
+_OPTION_ENUMS = {("milp", "backend"): ["cbc", "highs"], ("mincut", "backend"): ["ortools", "networkx"],
+                 ("cpsat", "symmetry"): ["none", "tie", "warm"], ("milp", "symmetry"): ["none", "tie", "warm"]}
 
 _INPUT_SCHEMA = {
     "type": "object",

@@ -88,6 +88,7 @@ def test_shipped_configs_validate():
     ("verify: {gradients: true", "verify: {gradients: yes please", "verify.gradients", 12, "expected true or false"),
     ("time_limit_s: 5", "time_limit_s: soon", "solvers[1].time_limit_s", 11, "expected a number"),
     ("time_limit_s: 5", "time_limt_s: 5", "solvers[1].time_limt_s", 11, "unknown option"),
+    ("time_limit_s: 5", "symmetry: layers", "solvers[1].symmetry", 11, "expected one of"),
     ("  - mincut\n", "  - simplex\n", "solvers[0]", 10, "unknown solver 'simplex'"),
     ("opt_remat.models:mlp", "opt_remat.no_such_module:mlp", "model.factory", 2, "cannot import module"),
     ("opt_remat.models:mlp", "opt_remat.models:no_such_factory", "model.factory", 2, "no attribute"),
