@@ -28,6 +28,9 @@ class MemoryCurve:
     peak: int
     peak_phase: str
     peak_at: str
+    # the values whose buffers are live at the peak (a storage by its id, a buffer made in the
+    # backward by its value): where moves that lower the peak are found
+    peak_live: frozenset[str] = frozenset()
 
     @property
     def forward_peak(self) -> int:
@@ -94,6 +97,7 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
     forward = forward_schedule(problem, saved_set)
     backward = backward_schedule(problem, saved_set)
     steps: list[tuple[str, str, int]] = []
+    top: list = [-1, frozenset()]  # the highest live bytes so far and what was live then
 
     # buffer of every value as the backward sees it
     bw_buffer: dict[str, str] = {}
@@ -136,6 +140,8 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
                     live[b] = size[g]
                     total += size[g]
             steps.append((phase, name, total))
+            if total > top[0]:
+                top[0], top[1] = total, frozenset(b[3:] if b.startswith("bw:") else b for b in live)
             for dead in frees.get(i, ()):
                 total -= live.pop(dead, 0)
 
@@ -153,4 +159,4 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
     if not steps:
         return MemoryCurve((), 0, "", "")
     peak_phase, peak_at, peak = max(steps, key=lambda s: s[2])
-    return MemoryCurve(tuple(steps), peak, peak_phase, peak_at)
+    return MemoryCurve(tuple(steps), peak, peak_phase, peak_at, top[1])

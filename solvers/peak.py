@@ -30,11 +30,12 @@ optimum is optimal among the plans it admits: the status says ``feasible`` and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .liveness import simulate_plan
 from .mincut import InfeasibleError
+from .peak_search import improve_saved_sets
 from .problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
 
 
@@ -44,6 +45,9 @@ DEFAULT_STAGES = 24
 # recomputation moments per single-value stage: more buckets count fewer values that are never
 # alive together (a chain of recomputed values), at the price of more variables
 RECOMPUTE_BUCKETS = 4
+# share of the time limit kept for the local search after the model (it stops earlier at a local
+# optimum; the model also often finishes early and leaves it more)
+SEARCH_SHARE = 0.5
 
 
 class PeakInfeasibleError(InfeasibleError):
@@ -156,14 +160,77 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
                seed: int = 0, hint_saved: set[str] | None = None,
-               _retries: int = 3, _relax: int = 3, _model_budget: int | None = None,
-               _frontier_plans: list[tuple[Plan, int]] | None = None) -> Plan:
-    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes."""
-    from ortools.sat.python import cp_model
+               search_share: float = SEARCH_SHARE) -> Plan:
+    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes.
 
+    CP-SAT solves the stage model (within ``1 - search_share`` of ``time_limit_s``); then the local
+    search of ``solvers.peak_search`` starts from its plans (even those the simulation rejected),
+    ``hint_saved`` (a caller's warm start, e.g. another partitioner's plan) and the min-cut
+    frontier, and returns the cheapest plan that the exact simulation fits, if better. When nothing
+    fits, PeakInfeasibleError names the smallest peak the search reached.
+    """
     if peak_budget < 0:
         raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
     start = time.perf_counter()
+    deadline = start + float(time_limit_s)
+    frontier = _frontier(problem)
+    attempts: list[frozenset[str]] = []
+    model_deadline = start + (1.0 - search_share) * float(time_limit_s)
+    plan: Plan | None = None
+    min_peak: int | None = None
+    try:
+        plan = _solve_model(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
+                            threads=threads, seed=seed, hint_saved=hint_saved,
+                            _frontier_plans=frontier, _deadline=model_deadline, _attempts=attempts)
+    except PeakInfeasibleError as exc:
+        min_peak = exc.min_peak
+    starts: list[frozenset[str]] = []
+    if plan is not None:
+        starts.append(plan.saved)
+    if hint_saved is not None:
+        starts.append(frozenset(hint_saved))
+    starts += attempts + [p.saved for p, _ in frontier]
+    found = improve_saved_sets(problem, starts, peak_budget, budget,
+                               time_limit_s=max(0.0, deadline - time.perf_counter()), seed=seed)
+    elapsed = time.perf_counter() - start
+    if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
+        raise RuntimeError("opt-remat internal error: the local search's simulation disagrees with "
+                           "solvers.liveness")
+    fits = found is not None and found.peak <= peak_budget and (budget is None or found.saved_bytes <= budget)
+    if not fits:
+        if plan is not None:
+            return replace(plan, solve_time_s=elapsed)
+        peaks = [p for p in (min_peak, found.peak if found is not None else None) if p is not None]
+        raise PeakInfeasibleError(peak_budget, min(peaks) if peaks else None, False)
+    if plan is not None and plan.recompute_cost <= found.cost * (1 + 1e-12):
+        return replace(plan, solve_time_s=elapsed)
+    searched = plan_from_saved(problem, found.saved, solver="cpsat-peak", status=Status.HEURISTIC,
+                               solve_time_s=elapsed, budget=budget)
+    extra = dict(plan.extra) if plan is not None else {}
+    extra.update(peak=found.peak, peak_budget=peak_budget, local_search=True)
+    if plan is not None:
+        extra["model_cost"] = plan.recompute_cost
+    how = ("the local search lowered the stage model's plan's cost" if plan is not None
+           else "the stage model found no plan; the local search did")
+    # a cheaper plan than the model's optimum keeps the model's status (it is at least as good)
+    return replace(searched, status=plan.status if plan is not None else Status.HEURISTIC,
+                   objective=searched.recompute_cost, extra=extra,
+                   message=f"simulated peak {found.peak} bytes (peak budget {peak_budget}); {how}")
+
+
+def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, *,
+                 stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
+                 seed: int = 0, hint_saved: set[str] | None = None,
+                 _retries: int = 3, _relax: int = 3, _model_budget: int | None = None,
+                 _frontier_plans: list[tuple[Plan, int]] | None = None,
+                 _deadline: float | None = None, _attempts: list[frozenset[str]] | None = None) -> Plan:
+    """The stage model's plan (its limit relaxed or tightened a few times, the simulation judging),
+    or the best fitting min-cut frontier plan; every model plan is appended to ``_attempts``."""
+    from ortools.sat.python import cp_model
+
+    start = time.perf_counter()
+    if _deadline is not None:  # relaxed and tightened re-solves share one time limit
+        time_limit_s = max(0.01, min(time_limit_s, _deadline - start))
     lay = _layout(problem, DEFAULT_STAGES if stages is None else stages)
     limit = peak_budget if _model_budget is None else _model_budget  # what the model must meet
     by_name = problem.by_name
@@ -394,9 +461,10 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         # The model over-counts, so plans it rejects may still fit: relax its limit and let the
         # exact simulation judge (a few times), then the best fitting min-cut plan.
         if _relax > 0:
-            return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
-                              threads=threads, seed=seed, _retries=1, _relax=_relax - 1,
-                              _model_budget=int(limit * 1.1) + 1, _frontier_plans=frontier)
+            return _solve_model(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
+                                threads=threads, seed=seed, _retries=1, _relax=_relax - 1,
+                                _model_budget=int(limit * 1.1) + 1, _frontier_plans=frontier,
+                                _deadline=_deadline, _attempts=_attempts)
         return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, frontier,
                          model_infeasible=True)
     if status == cp_model.MODEL_INVALID:
@@ -410,14 +478,17 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     plan = plan_from_saved(problem, saved, solver="cpsat-peak", status=Status.FEASIBLE,
                            solve_time_s=elapsed, budget=budget)
     curve = simulate_plan(problem, plan.saved)
+    if _attempts is not None:
+        _attempts.append(plan.saved)
     if curve.peak > peak_budget:
         # The model over-counts almost everywhere but not quite everywhere (an unsaved ``either``
         # value computed in the forward only to make a saved one is not in it): tighten by the
         # overshoot and solve again; the simulation has the last word.
         if _retries > 0:
-            return solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
-                              threads=threads, seed=seed, _retries=_retries - 1, _relax=0,
-                              _model_budget=limit - (curve.peak - peak_budget), _frontier_plans=frontier)
+            return _solve_model(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
+                                threads=threads, seed=seed, _retries=_retries - 1, _relax=0,
+                                _model_budget=limit - (curve.peak - peak_budget), _frontier_plans=frontier,
+                                _deadline=_deadline, _attempts=_attempts)
         return _fallback(problem, peak_budget, budget, elapsed, time_limit_s, frontier,
                          model_infeasible=True)
     model_bound = min(solver.BestObjectiveBound() / scale, plan.recompute_cost)

@@ -14,7 +14,7 @@ import opt_remat
 from opt_remat.memory import PeakMeter, simulate
 from opt_remat.models import example_inputs, gpt2, llama
 from opt_remat.verify import compare_steps, default_loss, save_all_backend, training_step
-from solvers import Problem, check_plan, recompute_closure
+from solvers import Problem, Status, check_plan, plan_from_saved, recompute_closure
 from solvers.liveness import simulate_plan
 from solvers.peak import PeakInfeasibleError, solve_peak
 from solvers.random_problems import random_problem
@@ -119,6 +119,8 @@ def test_simulation_matches_measured_peak(name, solver, budget):
         # just-in-time order the simulation assumes)
         plan_peak = simulate_plan(rec.problem, rec.plan.saved).peak
         assert abs(plan_peak - measured) <= 0.05 * measured
+        from solvers.peak_search import _Simulator  # the local search's simulation agrees exactly
+        assert _Simulator(rec.problem).peak(rec.plan.saved)[0] == plan_peak
         if solver == "mincut":
             assert plan_peak == measured
 
@@ -158,3 +160,65 @@ def test_peak_budget_gradients_match_save_all():
 def test_peak_budget_must_be_bytes():
     with pytest.raises(ValueError, match="peak_budget is bytes"):
         opt_remat.partitioner("cpsat", peak_budget=0.5)
+
+
+def _random_saved_sets(p, rng, count):
+    choices = [n.name for n in p.candidates if p.can_save(n.name)]
+    return [set(rng.sample(choices, rng.randint(0, len(choices)))) for _ in range(count)]
+
+
+def test_search_simulator_matches_liveness():
+    from solvers.peak_search import _Simulator
+    for seed in range(150):
+        p = _problem(seed)
+        sim = _Simulator(p)
+        for saved in _random_saved_sets(p, random.Random(seed), 6):
+            curve = simulate_plan(p, saved)
+            assert sim.peak(saved) == (curve.peak, curve.peak_live), (seed, saved)
+
+
+def test_local_search_against_brute_force():
+    from solvers.peak import _frontier
+    from solvers.peak_search import improve_saved_sets
+    for seed in range(60):
+        p = _problem(seed)
+        everything = [n.name for n in p.candidates if p.can_save(n.name)]
+        if recompute_closure(p, everything)[1]:
+            continue
+        rng = random.Random(seed)
+        top = simulate_plan(p, everything).peak
+        for peak_budget in (top, int(top * 0.85), int(top * 0.7)):
+            exact = _brute_peak(p, peak_budget)
+            starts = [plan.saved for plan, _ in _frontier(p)] + _random_saved_sets(p, rng, 3)
+            fitting = [p.recompute_cost(recompute_closure(p, s)[0]) for s in starts
+                       if not recompute_closure(p, s)[1] and simulate_plan(p, s).peak <= peak_budget]
+            found = improve_saved_sets(p, starts, peak_budget, time_limit_s=5)
+            assert found is not None
+            plan = plan_from_saved(p, found.saved, solver="search", status=Status.HEURISTIC)
+            assert check_plan(p, plan).valid and plan.recompute_cost == pytest.approx(found.cost)
+            assert simulate_plan(p, found.saved).peak == found.peak
+            if fitting:  # never over budget, never dearer than the best fitting start
+                assert found.peak <= peak_budget and found.cost <= min(fitting) + 1e-9
+            if found.peak <= peak_budget:
+                assert exact is not None and found.cost >= exact - 1e-9
+            else:  # nothing found that fits: it returns the smallest overshoot, not above the starts'
+                assert found.peak <= min(simulate_plan(p, s).peak for s in starts
+                                         if not recompute_closure(p, s)[1])
+
+
+def test_solve_peak_search_on_small_budgets():
+    # below what the stage model admits, the local search still finds fitting plans; the error's
+    # smallest peak is one the search reached (so a budget there is feasible)
+    for seed in range(40):
+        p = _problem(seed)
+        everything = [n.name for n in p.candidates if p.can_save(n.name)]
+        if recompute_closure(p, everything)[1]:
+            continue
+        try:
+            solve_peak(p, 1, time_limit_s=5)
+            continue
+        except PeakInfeasibleError as exc:
+            min_peak = exc.min_peak
+        assert min_peak is not None
+        plan = solve_peak(p, min_peak, time_limit_s=5)
+        assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak <= min_peak
