@@ -14,7 +14,6 @@ and only ever returns a state at least as good as its best start.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -23,6 +22,8 @@ from .problem import Problem, Role
 
 
 STEEPEST = False
+# how many first moves the two-move escape from a local minimum of the peak tries
+ESCAPE_WIDTH = 6
 
 
 @dataclass(frozen=True)
@@ -297,12 +298,44 @@ def _descend_peak(judge: _Judge, st: SearchState, steepest: bool = False) -> Sea
             if best is not st:
                 break
         if best is st:
-            break
+            best = _escape(judge, st, ESCAPE_WIDTH)
+            if best is None:
+                break
         st = best
     return st
 
 
-def _descend_cost(judge: _Judge, st: SearchState, repairs: int, rng: random.Random) -> SearchState:
+def _escape(judge: _Judge, st: SearchState, width: int) -> SearchState | None:
+    """Two moves where no single one lowers the overshoot (e.g. two moments at the same peak: a
+    move lowers one, the other stays): the first among the ``width`` moves near the peak that raise
+    it least, then the one from there that lowers it most below the current state's."""
+    problem = judge.problem
+    over = judge.over(st)
+    firsts = []
+    for saved in _moves(problem, st, only=_near_peak(problem, st)):
+        if judge.out_of_time():
+            return None
+        closed = judge.close(saved)
+        if closed is not None:
+            firsts.append(judge.state(closed))  # simulated (and cached) by the descent step
+    firsts.sort(key=lambda c: (judge.over(c), c.cost))
+    for mid in firsts[:width]:
+        best = None
+        for saved in _moves(problem, mid, only=_near_peak(problem, mid)):
+            if judge.out_of_time():
+                return best
+            closed = judge.close(saved)
+            if closed is None or closed[0] == st.saved:
+                continue
+            cand = judge.state(closed)
+            if judge.over(cand) < over and (best is None or _better(judge, cand, best)):
+                best = cand
+        if best is not None:
+            return best
+    return None
+
+
+def _descend_cost(judge: _Judge, st: SearchState, repairs: int) -> SearchState:
     """First-improvement descent on cost among fitting plans; a move that overshoots may be
     repaired by one more move when the pair still costs less than the current plan."""
     problem = judge.problem
@@ -311,6 +344,8 @@ def _descend_cost(judge: _Judge, st: SearchState, repairs: int, rng: random.Rand
         improved = False
         closed_moves = []
         for saved in _moves(problem, st):
+            if judge.out_of_time():  # on large graphs even the closures of all moves take a while
+                return st
             closed = judge.close(saved)
             if closed is not None and closed[0] != st.saved:
                 closed_moves.append(closed)
@@ -328,20 +363,21 @@ def _descend_cost(judge: _Judge, st: SearchState, repairs: int, rng: random.Rand
                 break
             if judge.over(cand) == 0 or closed[2] >= st.cost - tol or repairs <= 0:
                 continue
-            fixed = _repair(judge, cand, st, repairs, rng)
+            fixed = _repair(judge, cand, st, repairs)
             if fixed is not None:
                 st, improved = fixed, True
                 break
     return st
 
 
-def _repair(judge: _Judge, cand: SearchState, current: SearchState, repairs: int,
-            rng: random.Random) -> SearchState | None:
+def _repair(judge: _Judge, cand: SearchState, current: SearchState, repairs: int) -> SearchState | None:
     """One move from an overshooting ``cand`` that fits and still beats ``current``."""
     options = []
     tol = 1e-9 * max(abs(current.cost), 1e-300)
     problem = judge.problem
-    for saved in _moves(problem, cand):
+    for saved in _moves(problem, cand, only=_near_peak(problem, cand)):  # what can lower its peak
+        if judge.out_of_time():
+            return None
         dropped = cand.saved - saved
         # recomputing a saved value costs at least its own cost: skip the closure when that is
         # already more than the gain
@@ -372,7 +408,6 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
     """
     judge = _Judge(problem, peak_budget, budget, time.perf_counter() + float(time_limit_s),
                    int(max_evaluations))
-    rng = random.Random(seed)
     states: list[SearchState] = []
     seen: set[frozenset[str]] = set()
     for saved in starts:
@@ -390,7 +425,7 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
             break
         st = _descend_peak(judge, st, steepest=STEEPEST)
         if judge.over(st) == 0:
-            st = _descend_cost(judge, st, repairs, rng)
+            st = _descend_cost(judge, st, repairs)
         if _better(judge, st, best):
             best = st
     return best
