@@ -24,7 +24,11 @@ limit is relaxed a few times and the exact simulation decides. Views of a saveab
 torch's partitioner does. Every plan is re-simulated exactly (``solvers.liveness``): the simulation
 is the reported prediction and never exceeds the budget. Since the model is conservative, its
 optimum is optimal among the plans it admits: the status says ``feasible`` and
-``extra["model_optimal"]`` / ``extra["model_bound"]`` say what was proven.
+``extra["model_optimal"]`` / ``extra["model_bound"]`` say what was proven (for the model only).
+
+Then a local search judged by the exact simulation (``solvers.peak_search``) starts from the
+model's plans and the min-cut frontier: it finds plans the over-counting model cannot see (the
+smallest peaks, and cheaper plans at a peak); ``extra["local_search"]`` marks its plans.
 """
 
 from __future__ import annotations
@@ -191,7 +195,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         starts.append(frozenset(hint_saved))
     starts += attempts + [p.saved for p, _ in frontier]
     found = improve_saved_sets(problem, starts, peak_budget, budget,
-                               time_limit_s=max(0.0, deadline - time.perf_counter()), seed=seed)
+                               time_limit_s=max(0.0, deadline - time.perf_counter()))
     elapsed = time.perf_counter() - start
     if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
         raise RuntimeError("opt-remat internal error: the local search's simulation disagrees with "
@@ -210,8 +214,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     extra.update(peak=found.peak, peak_budget=peak_budget, local_search=True)
     if plan is not None:
         extra["model_cost"] = plan.recompute_cost
-    how = ("the local search lowered the stage model's plan's cost" if plan is not None
-           else "the stage model found no plan; the local search did")
+    how = ("the local search lowered the cost of the model's (or min-cut fallback's) plan"
+           if plan is not None else "the stage model found no plan; the local search did")
     # a cheaper plan than the model's optimum keeps the model's status (it is at least as good)
     return replace(searched, status=plan.status if plan is not None else Status.HEURISTIC,
                    objective=searched.recompute_cost, extra=extra,

@@ -4,9 +4,10 @@ The CP-SAT peak model over-counts memory (``solvers.peak``), so near the smalles
 plans that fit. This search needs no model: it moves between saved sets one flip at a time and
 simulates every candidate. Moves: save a value the backward recomputes; recompute a saved value;
 replace a saved value by the inputs it is made from. While the step's peak is over the budget, the
-move that lowers the overshoot most is taken (steepest descent); once it fits, moves that lower the
-recompute cost (or the peak at equal cost) and keep it fitting are taken (first improvement), and a
-save that overshoots is paired with one peak-lowering move when the pair still costs less.
+move with the least added cost per byte of overshoot removed is taken (moves on values live at the
+peak first; two moves when no single one helps); once it fits, moves that lower the recompute cost
+(or the peak at equal cost) and keep it fitting are taken (first improvement), and a save that
+overshoots is paired with one peak-lowering move when the pair still costs less.
 
 Each saved set is simulated once (a cache); the search stops at a deadline or an evaluation cap,
 and only ever returns a state at least as good as its best start.
@@ -21,7 +22,6 @@ from typing import Iterable
 from .problem import Problem, Role
 
 
-STEEPEST = False
 # how many first moves the two-move escape from a local minimum of the peak tries
 ESCAPE_WIDTH = 6
 
@@ -268,10 +268,11 @@ def _better(judge: _Judge, a: SearchState, b: SearchState) -> bool:
     return a.peak < b.peak
 
 
-def _descend_peak(judge: _Judge, st: SearchState, steepest: bool = False) -> SearchState:
+def _descend_peak(judge: _Judge, st: SearchState) -> SearchState:
     """Descent on the overshoot until the plan fits or no move lowers it. Each step takes the
-    move with the least added cost per byte of overshoot removed (``steepest``: the most bytes
-    removed); a move that fits outright is preferred, the cheapest of them."""
+    move with the least added cost per byte of overshoot removed (measured on the 2-layer models:
+    cheaper plans, and as low or lower smallest peaks, than taking the most bytes removed); a move
+    that fits outright is preferred, the cheapest of them."""
     problem = judge.problem
     while judge.over(st) > 0 and not judge.out_of_time():
         over = judge.over(st)
@@ -290,7 +291,7 @@ def _descend_peak(judge: _Judge, st: SearchState, steepest: bool = False) -> Sea
                 if gain <= 0:
                     continue
                 rate = (cand.cost - st.cost) / gain
-                if judge.over(cand) == 0 or steepest:
+                if judge.over(cand) == 0:
                     if _better(judge, cand, best):
                         best, best_rate = cand, rate
                 elif judge.over(best) > 0 and (best_rate is None or rate < best_rate):
@@ -398,7 +399,7 @@ def _repair(judge: _Judge, cand: SearchState, current: SearchState, repairs: int
 
 def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_budget: int,
                        budget: int | None = None, *, time_limit_s: float = 10.0,
-                       max_evaluations: int = 20_000, repairs: int = 8, seed: int = 0,
+                       max_evaluations: int = 20_000, repairs: int = 8,
                        max_starts: int = 4) -> SearchState | None:
     """The best plan the local search reaches from ``starts`` (saved sets; invalid ones skipped).
 
@@ -423,7 +424,7 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
     for st in states[:max_starts]:
         if judge.out_of_time():
             break
-        st = _descend_peak(judge, st, steepest=STEEPEST)
+        st = _descend_peak(judge, st)
         if judge.over(st) == 0:
             st = _descend_cost(judge, st, repairs)
         if _better(judge, st, best):
