@@ -101,6 +101,7 @@ SCHEMA: dict[str, Any] = {
                 "compiler": {"enum": ["eager", "inductor"]},
                 "decompositions": {"enum": ["inductor", "none"]},
                 "dtype": {"enum": FLOAT_DTYPES},
+                "meta": {"type": "boolean"},
             },
         },
         "device": {
@@ -361,12 +362,18 @@ class Config:
         return self.data.get("capture", {}).get("dtype", "float32")
 
     @property
+    def meta(self) -> bool:
+        """Capture with fake tensors: no weight or activation memory (big models, planning only)."""
+        return bool(self.data.get("capture", {}).get("meta", False))
+
+    @property
     def loss(self) -> str:
         return self.data["model"].get("loss", "sum")
 
     @property
     def verify_gradients(self) -> bool:
-        return (not self.is_graph) and bool(self.data.get("verify", {}).get("gradients", True))
+        return (not self.is_graph and not self.meta
+                and bool(self.data.get("verify", {}).get("gradients", True)))
 
     @property
     def measure_memory(self) -> bool:
@@ -550,6 +557,13 @@ def validate(cfg: Config) -> None:
     if capture.get("compiler") == "inductor" and capture.get("decompositions") == "none":
         raise cfg.error(("capture", "decompositions"), "expected inductor (or no key) with compiler: inductor, "
                                                        "which always applies its own decompositions")
+    if capture.get("meta"):
+        if capture.get("compiler", "eager") != "eager":
+            raise cfg.error(("capture", "compiler"), "expected eager (or no key) with meta: true: the "
+                                                     "fake-tensor capture traces AOTAutograd's eager graph")
+        if data.get("verify", {}).get("gradients"):
+            raise cfg.error(("verify", "gradients"), "a meta capture has no real weights to run a step "
+                                                     "with: set verify.gradients: false or capture.meta: false")
     model = data["model"]
     if "graph" in model:
         gpath = cfg.graph_path

@@ -282,6 +282,8 @@ def materialize(cfg: Config) -> Workload:
     factory = cfg.factory()
     kwargs = dict(cfg.data["model"].get("kwargs", {}))
     torch.manual_seed(cfg.seed)
+    if cfg.meta:
+        return _materialize_meta(cfg, factory, kwargs, profile)
     try:
         model = factory(**kwargs)
     except TypeError as exc:
@@ -333,6 +335,49 @@ def materialize(cfg: Config) -> Workload:
         capture_s = time.perf_counter() - start
     return Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs, loss_fn=loss_fn,
                     prepared=prepared, top_anchor_bytes=top, capture_s=capture_s)
+
+
+def _materialize_meta(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any],
+                      profile: Any) -> Workload:
+    """``capture.meta``: trace the step under fake tensors (nothing allocated); no model to verify
+    gradients with, but the graph serves the solvers, torch's baseline and the saved-byte check."""
+    import torch
+
+    from .build import build_problem, classify, prepare_joint
+    from .capture import capture
+    from .torch_reference import torch_runtime_optimized_saved
+
+    dtype = getattr(torch, cfg.dtype)
+    try:
+        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
+            shell = factory(**kwargs)
+    except TypeError as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory does not take these arguments ({exc})") from None
+    except Exception as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory failed: {_first_line(exc)}") from None
+    if not isinstance(shell, torch.nn.Module):
+        raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
+                                              f"{type(shell).__name__}")
+    inputs = make_inputs(cfg, shell)
+    loss_fn = make_loss(cfg.loss)
+    start = time.perf_counter()
+    with quiet_torch():
+        try:
+            joint = capture(lambda: factory(**kwargs).train(), inputs, meta=True, dtype=dtype,
+                            decompositions=cfg.decompositions, loss_fn=loss_fn)
+        except Exception as exc:
+            raise cfg.error(("model", "inputs"), f"tracing the training step with fake tensors failed "
+                                                 f"(do the inputs fit the model?): {_first_line(exc)}") from None
+        prepared = joint.copy()
+        prepared.module = prepare_joint(prepared.module)
+        info = classify(prepared.module, prepared.num_fwd_outputs, prepared.static_lifetime_input_indices)
+        problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs, device=profile,
+                                node_info=info)
+        anchor = prepared.copy()
+        anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
+        top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
+    return Workload(problem, graph_hash(problem), profile, prepared=prepared, top_anchor_bytes=top,
+                    capture_s=time.perf_counter() - start)
 
 
 # ---- solving (pure Python: runs in worker processes) ----------------------------------------
@@ -891,7 +936,7 @@ def _model_desc(cfg: Config) -> dict[str, Any]:
 
 def apply_hint(cfg: Config, plan_path: str | Path) -> str | None:
     """The line that applies a saved plan in training."""
-    if cfg.is_graph:
+    if cfg.is_graph or cfg.meta:  # a fake-tensor capture orders the graph's inputs differently
         return None
     extra = f', decompositions="{cfg.decompositions}"' if cfg.compiler == "eager" else ""
     return (f'torch.compile(model, backend=opt_remat.backend(plan="{plan_path}", '

@@ -259,3 +259,36 @@ def test_published_graph_config(tmp_path):
     assert main(["run", str(cfg)]) == 0
     recs = results(tmp_path / "out")
     assert len(recs) == 4 and all(r["saved_bytes"] <= r["budget_bytes"] for r in recs)
+
+
+def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
+    # the same model captured for real and with fake tensors: the problems match, so do the plans
+    def config(meta: bool, out: str) -> Path:
+        text = (TINY.replace("opt_remat.models:mlp", "opt_remat.models:llama")
+                .replace("{{d_in: 16, hidden: 32, layers: 2}}", "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")
+                .replace("{{shape: [4, 16], dtype: float32}}", "{{shape: [2, 16], dtype: int64, high: 64}}")
+                .replace("[mincut, save-all, greedy]", "[mincut, {{name: milp, backend: highs}}, torch]")
+                .replace("gradients: true", f"gradients: {str(not meta).lower()}"))
+        if meta:
+            text += "capture: {{meta: true}}\n"
+        path = tmp_path / f"{out}.yaml"
+        path.write_text(text.format(out=out))
+        return path
+
+    assert main(["run", str(config(True, "fake"))]) == 0
+    assert main(["run", str(config(False, "real"))]) == 0
+    fake, real = results(tmp_path / "fake"), results(tmp_path / "real")
+    assert len(fake) == len(real) == 6
+    for f, r in zip(fake, real):
+        assert (f["solver"], f["budget"]) == (r["solver"], r["budget"])
+        assert f["saved_bytes"] == f["measured_saved_bytes"]
+        if f["solver"] != "torch":  # torch's choices may follow the graph's input order
+            assert f["saved_bytes"] == r["saved_bytes"]
+            assert f["recompute_cost"] == pytest.approx(r["recompute_cost"], rel=1e-9)
+        assert f.get("verified") is None and r["verified"] is True
+
+    bad = config(True, "bad").read_text().replace("gradients: false", "gradients: true")
+    (tmp_path / "bad.yaml").write_text(bad)
+    assert main(["run", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "verify.gradients" in err and "capture.meta: false" in err
