@@ -28,14 +28,18 @@ class BudgetError(ValueError):
 
 
 class PeakBudgetError(ValueError):
-    """A peak budget no plan can meet; says the smallest peak found."""
+    """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
 
-    def __init__(self, peak_budget: int, min_peak: int | None) -> None:
+    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None) -> None:
         self.peak_budget = peak_budget
         self.min_peak = min_peak
+        self.floor = floor
         found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
                  f"peak_budget to at least {min_peak} bytes" if min_peak is not None
                  else "no valid plan was found at all (check bans and must-recompute tags)")
+        if floor is not None and min_peak is not None:
+            found += (" (it is the smallest possible)" if floor == min_peak else
+                      f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
         super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
@@ -55,7 +59,7 @@ def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: in
         else:
             raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
     except PeakInfeasibleError as exc:
-        raise PeakBudgetError(peak_budget, exc.min_peak) from None
+        raise PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None)) from None
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
         raise RuntimeError("opt-remat internal error: invalid peak plan: " + "; ".join(result.errors[:5]))

@@ -17,7 +17,7 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .problem import Problem, Role
 
@@ -160,3 +160,70 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
         return MemoryCurve((), 0, "", "")
     peak_phase, peak_at, peak = max(steps, key=lambda s: s[2])
     return MemoryCurve(tuple(steps), peak, peak_phase, peak_at, top[1])
+
+
+def peak_lower_bound(problem: Problem) -> int:
+    """Live bytes that every plan's step reaches at some point (in this execution model): a floor
+    for the smallest peak, so that a peak found can be judged.
+
+    * forward: the forward values with their forward lifetimes, plus the values no plan can avoid
+      saving (read by the backward, not recomputable) kept to the end of the forward; a plan only
+      adds to this (saved values live longer, ``either`` values run);
+    * backward: the backward values' own buffers from creation to last use (gradients to the end),
+      plus at each step the storages the step reads from the forward side (they must be live, saved
+      or recomputed) and the unavoidable saved values not yet read for the last time.
+    Multi-output allocation and buffers shared in ways the simulation counts twice only make the
+    real peak higher, never lower.
+    """
+    by_name, size = problem.by_name, problem.storage_size
+    forced = {by_name[v].storage_id for v in problem.backward_reads
+              if by_name[v].role is not Role.INPUT and not problem.can_recompute(v)
+              and problem.counts_memory(by_name[v].storage_id)}
+
+    def floor(order: list[str], own: Callable[[str], bool], keep: set[str],
+              extra: Callable[[int, str], set[str]]) -> int:
+        produced: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for i, name in enumerate(order):
+            g = by_name[name].storage_id
+            if own(g) and problem.counts_memory(g) and g not in produced:
+                produced[g] = i
+            for v in (name, *by_name[name].inputs):
+                gv = by_name[v].storage_id
+                if gv in produced:
+                    last[gv] = i
+        delta = [0] * (len(order) + 1)
+        for g, start in produced.items():
+            delta[start] += size[g]
+            if g not in keep:
+                delta[last[g] + 1] -= size[g]
+        best = running = 0
+        for i, name in enumerate(order):
+            running += delta[i]
+            best = max(best, running + sum(size[g] for g in extra(i, name) if g not in produced))
+        return best
+
+    forward = [n.name for n in problem.nodes if n.role is Role.FORWARD]
+    outputs = {by_name[o].storage_id for o in problem.forward_outputs}
+    forward_floor = floor(forward, lambda g: True, outputs | forced, lambda i, name: set())
+
+    backward = [n.name for n in problem.nodes if n.role is Role.BACKWARD]
+    position = {name: i for i, name in enumerate(backward)}
+    forward_side = {n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
+    last_read: dict[str, int] = {}
+    for name in backward:
+        for u in by_name[name].inputs:
+            if by_name[u].role is not Role.BACKWARD:
+                last_read[by_name[u].storage_id] = position[name]
+    for r in problem.required:
+        if by_name[r].role is not Role.BACKWARD:
+            last_read[by_name[r].storage_id] = len(backward) - 1
+
+    def read_here(i: int, name: str) -> set[str]:
+        direct = {by_name[u].storage_id for u in by_name[name].inputs if by_name[u].role is not Role.BACKWARD}
+        pending = {g for g in forced if last_read.get(g, -1) >= i}
+        return {g for g in direct | pending if problem.counts_memory(g)}
+
+    grads = {by_name[o].storage_id for o in problem.backward_outputs}
+    backward_floor = floor(backward, lambda g: g not in forward_side, grads, read_here)
+    return max(forward_floor, backward_floor)

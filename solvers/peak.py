@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .liveness import simulate_plan
+from .liveness import peak_lower_bound, simulate_plan
 from .mincut import InfeasibleError
 from .peak_search import improve_saved_sets
 from .problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
@@ -55,16 +55,21 @@ SEARCH_SHARE = 0.5
 
 
 class PeakInfeasibleError(InfeasibleError):
-    """No plan keeps the step's peak under the budget; says the smallest peak found."""
+    """No plan keeps the step's peak under the budget; says the smallest peak found and the floor
+    no plan can go below (``solvers.liveness.peak_lower_bound``)."""
 
-    def __init__(self, peak_budget: int, min_peak: int | None, proven: bool) -> None:
+    def __init__(self, peak_budget: int, min_peak: int | None, proven: bool,
+                 floor: int | None = None) -> None:
         self.peak_budget = peak_budget
         self.min_peak = min_peak
+        self.floor = floor
         self.min_feasible_bytes = None
+        proven = proven or (min_peak is not None and min_peak == floor)
         what = "the smallest peak" if proven else "the smallest peak found"
+        bound = f"; no plan can peak below {floor} bytes" if floor is not None and not proven else ""
         super().__init__(
             f"peak budget {peak_budget} bytes is infeasible: {what} of any plan is "
-            f"{min_peak} bytes{'' if proven else ' (not proven minimal in the time limit)'}; "
+            f"{min_peak} bytes{'' if proven else ' (not proven minimal in the time limit)'}{bound}; "
             f"raise peak_budget to at least {min_peak}")
 
 
@@ -205,7 +210,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
         if plan is not None:
             return replace(plan, solve_time_s=elapsed)
         peaks = [p for p in (min_peak, found.peak if found is not None else None) if p is not None]
-        raise PeakInfeasibleError(peak_budget, min(peaks) if peaks else None, False)
+        raise PeakInfeasibleError(peak_budget, min(peaks) if peaks else None, False,
+                                  peak_lower_bound(problem))
     if plan is not None and plan.recompute_cost <= found.cost * (1 + 1e-12):
         return replace(plan, solve_time_s=elapsed)
     searched = plan_from_saved(problem, found.saved, solver="cpsat-peak", status=Status.HEURISTIC,
@@ -532,9 +538,10 @@ def _cheapest_fitting(frontier: list[tuple[Plan, int]], peak_budget: int,
     return min(fitting, key=lambda x: (x[0].recompute_cost, x[0].saved_bytes)) if fitting else None
 
 
-def _infeasible(peak_budget: int, frontier: list[tuple[Plan, int]]) -> PeakInfeasibleError:
+def _infeasible(problem: Problem, peak_budget: int, frontier: list[tuple[Plan, int]]) -> PeakInfeasibleError:
     """The error naming the smallest simulated peak among the frontier plans (not proven)."""
-    return PeakInfeasibleError(peak_budget, min((peak for _, peak in frontier), default=None), False)
+    return PeakInfeasibleError(peak_budget, min((peak for _, peak in frontier), default=None), False,
+                               peak_lower_bound(problem))
 
 
 def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: float,
@@ -543,7 +550,7 @@ def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: f
     """No plan from CP-SAT in time: the cheapest min-cut frontier plan that fits, said so."""
     best = _cheapest_fitting(frontier, peak_budget, budget)
     if best is None:
-        raise _infeasible(peak_budget, frontier)
+        raise _infeasible(problem, peak_budget, frontier)
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="cpsat-peak",
@@ -574,7 +581,7 @@ def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = N
     frontier = _frontier(problem)
     best = _cheapest_fitting(frontier, peak_budget, budget)
     if best is None:
-        raise _infeasible(peak_budget, frontier)
+        raise _infeasible(problem, peak_budget, frontier)
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,

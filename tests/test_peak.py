@@ -222,3 +222,39 @@ def test_solve_peak_search_on_small_budgets():
         assert min_peak is not None
         plan = solve_peak(p, min_peak, time_limit_s=5)
         assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak <= min_peak
+
+
+def test_peak_lower_bound_is_below_every_plan():
+    from solvers.liveness import peak_lower_bound
+    tight = 0
+    for seed in range(60):
+        p = _problem(seed)
+        floor = peak_lower_bound(p)
+        choices = [n.name for n in p.candidates if p.can_save(n.name)]
+        best = None
+        for r in range(len(choices) + 1):
+            for combo in itertools.combinations(choices, r):
+                if not recompute_closure(p, combo)[1]:
+                    peak = simulate_plan(p, combo).peak
+                    best = peak if best is None else min(best, peak)
+        if best is None:
+            continue
+        assert 0 < floor <= best, seed
+        tight += floor == best
+    assert tight > 0  # and sometimes it is the smallest peak itself
+
+
+def test_infeasible_peak_names_the_floor():
+    model, inputs = _model("llama")
+    from opt_remat.build import build_problem, classify, prepare_joint
+    from opt_remat.capture import capture
+    from solvers.liveness import peak_lower_bound
+    joint = capture(model, inputs, decompositions="inductor")
+    module = prepare_joint(joint.module)
+    problem = build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
+                            node_info=classify(module, joint.num_fwd_outputs))
+    floor = peak_lower_bound(problem)
+    with pytest.raises(PeakInfeasibleError) as info:
+        solve_peak(problem, floor - 1, time_limit_s=5)
+    assert info.value.floor == floor and str(floor) in str(info.value)
+    assert info.value.min_peak >= floor
