@@ -1,8 +1,10 @@
-"""Pareto plots of a run: saved activation memory against predicted recompute cost.
+"""Plots of a run: saved activation memory against predicted recompute cost (Pareto), and the
+live-memory curve of the training step under each plan.
 
-One line per solver through its (budget) points, the parametric min-cut hull as a dashed line, and
-the MIP solvers' points marked (filled when proven optimal, hollow otherwise). Uses matplotlib's
-Agg backend (no display needed); the file is written atomically.
+Pareto: one line per solver through its (budget) points, the parametric min-cut hull as a dashed
+line, and the MIP solvers' points marked (filled when proven optimal, hollow otherwise). Memory:
+one panel per budget, one line per solver, live bytes at every step of the forward and backward.
+Uses matplotlib's Agg backend (no display needed); files are written atomically.
 """
 
 from __future__ import annotations
@@ -84,6 +86,45 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
         ax.legend(fontsize=8, loc="best")
     if not points and not hull:
         ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
+
+
+def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
+                title: str = "live memory during the step") -> Path:
+    """Write a PNG of live bytes per step (``{budget: {solver: [bytes per step]}}``)."""
+    import math
+
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    budgets = list(curves) or ["-"]
+    cols = min(3, len(budgets))
+    rows = math.ceil(len(budgets) / cols)
+    top = max((max(c, default=0) for per in curves.values() for c in per.values()), default=0)
+    unit, scale = _unit(top)
+    fig = Figure(figsize=(4.6 * cols, 3.4 * rows + 0.4), dpi=100)
+    for i, budget in enumerate(budgets):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for solver, steps in curves.get(budget, {}).items():
+            peak = max(steps, default=0)
+            ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9,
+                    label=f"{solver} (peak {peak / scale:.3g} {unit})")
+        ax.set_title(f"budget {budget}", fontsize=9)
+        ax.set_xlabel("step (forward, then backward)", fontsize=8)
+        ax.set_ylabel(f"live bytes ({unit})", fontsize=8)
+        ax.grid(True, linewidth=0.4, alpha=0.5)
+        if curves.get(budget):
+            ax.legend(fontsize=6, loc="best")
+        else:
+            ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
 
     path = Path(path)

@@ -38,7 +38,7 @@ from .config import FLOAT_DTYPES, TORCH_SOLVER, BudgetSpec, Config, SolverSpec, 
 RESULTS_FORMAT = 1
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
-    "measured_saved_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "measured_saved_bytes", "peak_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
     "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
 ]
@@ -673,6 +673,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             "saved": format_bytes(rec.get("saved_bytes")),
             "measured": "-" if measured is None else (
                 format_bytes(measured) + ("" if measured == rec.get("saved_bytes") else " (!)")),
+            "step peak": format_bytes(rec.get("peak_bytes")),
             "recompute": format_seconds(rec.get("recompute_cost")),
             "solve": format_seconds(rec.get("solve_time_s")),
             "gap": "-" if rec.get("gap") is None else f"{rec['gap']:.2%}",
@@ -872,8 +873,10 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
 
     ordered = flush()
     if "plot" in cfg.formats:
-        from .plots import pareto_plot
+        from .plots import memory_plot, pareto_plot
         pareto_plot(ordered, hull, out_dir / "pareto.png", title=f"{cfg.name}: saved memory vs recompute")
+        memory_plot(memory_curves(work.problem, ordered, out_dir), out_dir / "memory.png",
+                    title=f"{cfg.name}: live memory during the step (simulated)")
     table = summary_table(ordered)
     if "table" in cfg.formats:
         write_atomic(out_dir / "summary.txt", table + "\n")
@@ -883,6 +886,26 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     # the torch baseline is measured, not trusted: its failures are reported, not a failed run
     failed = sum(1 for r in ordered if r.get("verified") is False and r.get("solver_name") != TORCH_SOLVER)
     return RunSummary(out_dir, ordered, total, skipped, failed)
+
+
+def memory_curves(problem: Problem, records: Sequence[dict[str, Any]],
+                  out_dir: Path) -> dict[str, dict[str, list[int]]]:
+    """Per budget, per solver: the simulated live bytes at every step of the training step (plans
+    read back from their files, so resumed results are plotted too)."""
+    from solvers.liveness import simulate_plan
+    from solvers.plans_io import read_plan_file
+
+    curves: dict[str, dict[str, list[int]]] = {}
+    for rec in records:
+        if not rec.get("plan_file") or rec.get("saved_bytes") is None:
+            continue
+        try:
+            saved = read_plan_file(out_dir / rec["plan_file"])["saved"]
+        except (OSError, ValueError):
+            continue  # a plan file removed by hand: its curve is left out
+        curve = simulate_plan(problem, saved)
+        curves.setdefault(str(rec["budget"]), {})[str(rec["solver"])] = [b for _, _, b in curve.steps]
+    return curves
 
 
 def _record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
@@ -898,7 +921,10 @@ def _record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_by
                     "solve_time_s": result.get("wall_s")})
         return rec
     plan_file = out_dir / "plans" / f"{_safe_name(b.label)}__{_safe_name(s.label)}.json"
+    from solvers.liveness import simulate_plan
     rec.update({
+        # the whole step's simulated peak of live activations, recomputed values and gradients
+        "peak_bytes": simulate_plan(work.problem, plan.saved).peak,
         "status": plan.status.value, "saved_bytes": plan.saved_bytes, "recompute_cost": plan.recompute_cost,
         "objective": plan.objective, "bound": plan.bound, "gap": plan.gap, "solve_time_s": plan.solve_time_s,
         "n_saved": len(plan.saved), "n_recomputed": len(plan.recomputed), "message": plan.message,

@@ -92,7 +92,23 @@ def test_run_writes_every_report(tiny_run):
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
     doc = json.loads((out / "results.json").read_text())
     assert doc["mincut_hull"] and doc["fingerprint"]["graph_hash"]
+    # every plan's simulated step peak, and the live-memory curves as a second plot
+    from opt_remat.runner import memory_curves
+    planned = [r for r in recs if r.get("saved_bytes") is not None]
+    assert all(r["peak_bytes"] > 0 for r in planned) and "step peak" in table
+    curves = memory_curves(_problem_of(out), recs, out)
+    assert set(curves) == {"0.5", "0.2"}
+    for r in planned:
+        assert max(curves[r["budget"]][r["solver"]]) == r["peak_bytes"]
+    img = matplotlib.image.imread(out / "memory.png")
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
     assert not list(out.glob(".*.tmp")), "no temporary files left behind"
+
+
+def _problem_of(out: Path):
+    from opt_remat.config import load_config
+    from opt_remat.runner import materialize
+    return materialize(load_config(out.parent / "tiny.yaml")).problem
 
 
 def test_run_resumes_skipping_done_pairs(tiny_run, capsys):
