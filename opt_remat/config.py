@@ -118,7 +118,18 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        "budgets": {"type": "array", "minItems": 1, "items": {"type": ["number", "string"]}},
+        "budgets": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": ["number", "string", "object"],
+                "if": {"type": "object"},
+                # a peak budget: bytes of the whole step's live peak, optionally with saved bytes
+                "then": {"additionalProperties": False, "required": ["peak"],
+                         "properties": {"peak": {"type": ["number", "string"]},
+                                        "saved": {"type": ["number", "string"]}}},
+            },
+        },
         "solvers": {
             "type": "array",
             "minItems": 1,
@@ -293,10 +304,15 @@ class SolverSpec:
 
 @dataclass(frozen=True)
 class BudgetSpec:
-    raw: int | float | str
-    parsed: int | Fraction
+    raw: int | float | str | dict  # as written; a dict is a peak budget {peak: ..., saved: ...}
+    parsed: int | Fraction | None  # the saved-bytes part (None: none)
     label: str
     index: int
+    peak: int | None = None  # bytes of the step's peak, for a peak budget
+
+    @property
+    def saved_raw(self) -> int | float | str | None:
+        return self.raw.get("saved") if isinstance(self.raw, dict) else self.raw
 
 
 @dataclass
@@ -396,7 +412,8 @@ class Config:
 
     @property
     def budgets(self) -> list[BudgetSpec]:
-        return [BudgetSpec(raw, parse_budget(raw), budget_label(raw), i)
+        return [BudgetSpec(raw, parse_budget(raw.get("saved") if isinstance(raw, dict) else raw),
+                           budget_label(raw), i, _peak_bytes(raw))
                 for i, raw in enumerate(self.data["budgets"])]
 
     @property
@@ -408,7 +425,16 @@ class Config:
 
 
 def budget_label(raw: Any) -> str:
+    if isinstance(raw, dict):
+        return f"peak {raw['peak']}" + (f" + {raw['saved']}" if raw.get("saved") is not None else "")
     return str(raw)
+
+
+def _peak_bytes(raw: Any) -> int | None:
+    if not isinstance(raw, dict):
+        return None
+    parsed = parse_budget(raw["peak"])
+    return None if isinstance(parsed, Fraction) else parsed
 
 
 def _solver_specs(entries: list[Any]) -> list[SolverSpec]:
@@ -510,14 +536,22 @@ def validate(cfg: Config) -> None:
     if errors:
         raise _schema_error(cfg, errors)
 
-    for i, raw in enumerate(data["budgets"]):
-        try:
-            parse_budget(raw)
-        except ValueError as exc:
-            raise cfg.error(("budgets", i), str(exc)) from None
-        if isinstance(raw, int) and not isinstance(raw, bool) and raw < 1024:
-            raise cfg.error(("budgets", i), f"{raw} would be {raw} bytes: write a fraction as a float "
-                                            f"(e.g. {float(raw)}) or bytes with a unit (e.g. '{raw}MiB')")
+    for i, entry in enumerate(data["budgets"]):
+        parts = [(("budgets", i, "peak"), entry["peak"]), (("budgets", i, "saved"), entry.get("saved"))] \
+            if isinstance(entry, dict) else [(("budgets", i), entry)]
+        for where, raw in parts:
+            if raw is None:
+                continue
+            try:
+                parsed = parse_budget(raw)
+            except ValueError as exc:
+                raise cfg.error(where, str(exc)) from None
+            if where[-1] == "peak" and isinstance(parsed, Fraction):
+                raise cfg.error(where, f"a peak budget is bytes (e.g. '700KiB' or 716800), not a "
+                                       f"fraction: got {raw}")
+            if isinstance(raw, int) and not isinstance(raw, bool) and raw < 1024:
+                raise cfg.error(where, f"{raw} would be {raw} bytes: write a fraction as a float "
+                                       f"(e.g. {float(raw)}) or bytes with a unit (e.g. '{raw}MiB')")
     labels = [budget_label(b) for b in data["budgets"]]
     for i, lab in enumerate(labels):
         if labels.index(lab) != i:

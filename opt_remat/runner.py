@@ -38,7 +38,7 @@ from .config import FLOAT_DTYPES, TORCH_SOLVER, BudgetSpec, Config, SolverSpec, 
 RESULTS_FORMAT = 1
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
-    "measured_saved_bytes", "peak_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "measured_saved_bytes", "peak_budget", "peak_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
     "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
 ]
@@ -106,7 +106,7 @@ class Workload:
     def budget_bytes(self, spec: BudgetSpec) -> int | None:
         from .solve import resolve_budget
         anchor = None if self.top_anchor_bytes is None else (lambda: self.top_anchor_bytes)
-        return resolve_budget(self.problem, spec.raw, top_anchor=anchor)
+        return resolve_budget(self.problem, spec.saved_raw, top_anchor=anchor)
 
 
 def make_loss(kind: str) -> Callable[[Any], Any]:
@@ -394,17 +394,27 @@ def _keep_sigint() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
-def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any]) -> dict[str, Any]:
-    """One (budget, solver) pair: a plan, or why there is none. Picklable in and out."""
-    from .solve import choose_plan
+PEAK_SOLVERS = ("cpsat", "milp", "mincut")  # the solvers with a peak-budget mode
 
+
+def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any],
+               peak_budget: int | None = None) -> dict[str, Any]:
+    """One (budget, solver) pair: a plan, or why there is none. Picklable in and out."""
+    from .solve import choose_peak_plan, choose_plan
+
+    if peak_budget is not None:
+        if solver not in PEAK_SOLVERS:
+            return {"status": "skipped", "error": f"{solver} has no peak-budget mode (use one of "
+                                                  f"{', '.join(PEAK_SOLVERS)})", "wall_s": None, "warnings": []}
+        with _keep_sigint():
+            return _solve_recorded(lambda: choose_peak_plan(problem, solver, peak_budget, budget_bytes, options))
     with _keep_sigint():
         return _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
 
 
 def _solve_recorded(make_plan: Callable[[], Plan]) -> dict[str, Any]:
     """Run one solve: its plan, or why there is none, with its wall time and warnings."""
-    from .solve import BudgetError
+    from .solve import BudgetError, PeakBudgetError
 
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -413,6 +423,8 @@ def _solve_recorded(make_plan: Callable[[], Plan]) -> dict[str, Any]:
             out: dict[str, Any] = {"plan": make_plan()}
         except BudgetError as exc:
             out = {"status": "infeasible", "error": str(exc), "min_feasible_bytes": exc.min_feasible_bytes}
+        except PeakBudgetError as exc:
+            out = {"status": "infeasible", "error": str(exc), "min_peak_bytes": exc.min_peak}
         except Exception as exc:
             out = {"status": "error", "error": _first_line(exc), "traceback": traceback.format_exc(limit=5)}
     out["wall_s"] = time.perf_counter() - start
@@ -420,8 +432,11 @@ def _solve_recorded(make_plan: Callable[[], Plan]) -> dict[str, Any]:
     return out
 
 
-def solve_torch_pair(work: Workload, budget_bytes: int | None) -> dict[str, Any]:
+def solve_torch_pair(work: Workload, budget_bytes: int | None, peak_budget: int | None = None) -> dict[str, Any]:
     """torch's own partitioner's choice on the captured graph (needs the FX graph: runs here)."""
+    if peak_budget is not None:
+        return {"status": "skipped", "error": "torch's partitioner has no peak budget (its "
+                                              "activation_memory_budget bounds saved bytes)"}
     from . import torch_reference
     from .build import classify
 
@@ -658,6 +673,13 @@ def verified_text(rec: dict[str, Any], *, notes: bool = True) -> str:
     return text + (f": {rec['verify_note']}" if notes and rec.get("verify_note") else "")
 
 
+def _budget_bytes_text(rec: dict[str, Any]) -> str:
+    saved = format_bytes(rec.get("budget_bytes")) if rec.get("budget_bytes") is not None else ""
+    if rec.get("peak_budget") is None:
+        return saved or "-"
+    return f"peak {format_bytes(rec['peak_budget'])}" + (f", saved {saved}" if saved else "")
+
+
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     rows = []
     last = None
@@ -667,7 +689,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         measured = rec.get("measured_saved_bytes")
         rows.append({
             "budget": str(rec["budget"]) if first else "",
-            "bytes": format_bytes(rec.get("budget_bytes")) if first else "",
+            "bytes": _budget_bytes_text(rec) if first else "",
             "solver": rec["solver"],
             "status": rec.get("status", ""),
             "saved": format_bytes(rec.get("saved_bytes")),
@@ -683,7 +705,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _note(rec: dict[str, Any]) -> str:
-    if rec.get("status") in ("error", "skipped"):
+    if rec.get("status") in ("error", "skipped", "infeasible"):
         return str(rec.get("error") or rec["status"])
     return str(rec.get("verify_note") or "")
 
@@ -699,11 +721,11 @@ def summary_table(records: Sequence[dict[str, Any]]) -> str:
 
 
 def progress_line(i: int, n: int, rec: dict[str, Any]) -> str:
-    head = f"[{i}/{n}] budget {rec['budget']} ({format_bytes(rec.get('budget_bytes'))}) {rec['solver']}:"
+    head = f"[{i}/{n}] budget {rec['budget']} ({_budget_bytes_text(rec)}) {rec['solver']}:"
     status = rec.get("status")
     if "saved_bytes" not in rec or rec.get("saved_bytes") is None:
         return f"{head} {status}: {rec.get('error', '')}"
-    parts = [f"{status}", f"saved {format_bytes(rec['saved_bytes'])}",
+    parts = [f"{status}", f"saved {format_bytes(rec['saved_bytes'])}", f"step peak {format_bytes(rec.get('peak_bytes'))}",
              f"recompute {format_seconds(rec.get('recompute_cost'))}",
              f"solved in {format_seconds(rec.get('solve_time_s'))}"]
     if rec.get("gap") is not None:
@@ -845,10 +867,10 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     if jobs > 1 and len(pool_pairs) > 1:
         pool = _executor(executor, jobs)
         try:
-            futures = {pool.submit(solve_pair, work.problem, s.name, budget_bytes[b.label], dict(s.options)): (b, s)
-                       for b, s in pool_pairs}
+            futures = {pool.submit(solve_pair, work.problem, s.name, budget_bytes[b.label], dict(s.options),
+                                   b.peak): (b, s) for b, s in pool_pairs}
             for b, s in torch_pairs:
-                finish(b, s, solve_torch_pair(work, budget_bytes[b.label]))
+                finish(b, s, solve_torch_pair(work, budget_bytes[b.label], b.peak))
             stream = pool.drain() if isinstance(pool, _RayPool) else cf.as_completed(futures)
             for fut in stream:
                 b, s = futures[fut]
@@ -867,9 +889,9 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     else:
         for b, s in pending:
             if s.name == TORCH_SOLVER:
-                finish(b, s, solve_torch_pair(work, budget_bytes[b.label]))
+                finish(b, s, solve_torch_pair(work, budget_bytes[b.label], b.peak))
             else:
-                finish(b, s, solve_pair(work.problem, s.name, budget_bytes[b.label], dict(s.options)))
+                finish(b, s, solve_pair(work.problem, s.name, budget_bytes[b.label], dict(s.options), b.peak))
 
     ordered = flush()
     if "plot" in cfg.formats:
@@ -911,13 +933,15 @@ def memory_curves(problem: Problem, records: Sequence[dict[str, Any]],
 def _record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
             result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     rec: dict[str, Any] = {
-        "budget": b.label, "budget_raw": b.raw, "budget_bytes": budget_bytes, "solver": s.label,
+        "budget": b.label, "budget_raw": b.raw, "budget_bytes": budget_bytes, "peak_budget": b.peak,
+        "solver": s.label,
         "solver_name": s.name, "options": dict(s.options),
     }
     plan: Plan | None = result.get("plan")
     if plan is None:
         rec.update({"status": result.get("status", "error"), "error": result.get("error"),
                     "min_feasible_bytes": result.get("min_feasible_bytes"),
+                    "min_peak_bytes": result.get("min_peak_bytes"),
                     "solve_time_s": result.get("wall_s")})
         return rec
     plan_file = out_dir / "plans" / f"{_safe_name(b.label)}__{_safe_name(s.label)}.json"

@@ -59,7 +59,10 @@ def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: in
         else:
             raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
     except PeakInfeasibleError as exc:
-        raise PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None)) from None
+        err = PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None))
+        if solver == "mincut":  # the frontier alone: the exact search often goes lower
+            err.args = (err.args[0] + " (among min-cut plans only: solver 'cpsat' searches further)",)
+        raise err from None
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
         raise RuntimeError("opt-remat internal error: invalid peak plan: " + "; ".join(result.errors[:5]))

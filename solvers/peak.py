@@ -40,7 +40,7 @@ from typing import Callable
 from .liveness import peak_lower_bound, simulate_plan
 from .mincut import InfeasibleError
 from .peak_search import improve_saved_sets
-from .problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
+from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
 
 
 # backward stages: one per backward value is the most precise but grows with the graph; 24 keeps
@@ -527,6 +527,74 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
             plan = solve_mincut(problem, lam)
         except InfeasibleError:
             continue
+        out.append((plan, simulate_plan(problem, plan.saved).peak))
+    return out + _checkpoint_plans(problem)
+
+
+# checkpointing starts: every k-th value crossing a cut at most w times the narrowest, for these
+# (w, k): narrow cuts and long strides hold little and recompute much, wide cuts the reverse
+# (measured on a 32-layer LLaMA graph: peaks 1.04x-1.3x the floor, min-cut plans at 3.3x)
+CHECKPOINT_STARTS = ((1.0, 1), (1.0, 2), (1.0, 3), (1.0, 6), (2.0, 1), (2.0, 2), (4.0, 1), (4.0, 2))
+
+
+def narrow_cut_values(problem: Problem, widest: float = 1.0) -> list[str]:
+    """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
+    bytes computed so far are still needed later (up to ``widest`` times that width). In a network
+    of blocks the narrowest are the values between blocks (a transformer's residual stream): the
+    classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
+    crosses)."""
+    forward = [n for n in problem.nodes if n.role is Role.FORWARD]
+    position = {n.name: i for i, n in enumerate(forward)}
+    last: dict[str, int] = {}
+    for n in forward:
+        for u in n.inputs:
+            if u in position:
+                last[u] = max(last.get(u, -1), position[n.name])
+    size = problem.storage_size
+    crossing = [n for n in forward if n.storage_id == n.name and last.get(n.name, -1) > position[n.name]]
+    # width[t]: bytes of the values made at or before step t and read after it (the cut after t)
+    delta = [0] * (len(forward) + 1)
+    for n in crossing:
+        delta[position[n.name]] += size[n.name]
+        delta[last[n.name]] -= size[n.name]
+    width, running = [], 0
+    for i in range(len(forward)):
+        running += delta[i]
+        width.append(running)
+    inner = [w for w in width[1:-1] if w > 0]
+    if not inner:
+        return []
+    narrow = min(inner)
+    narrow_before = [0]  # narrow_before[t]: narrowest positions before t
+    for w in width:
+        narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
+    # crosses a narrowest cut: alive across some position of that width
+    return [n.name for n in crossing
+            if narrow_before[last[n.name]] > narrow_before[position[n.name]]]
+
+
+def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
+    """Checkpointing plans: every k-th narrow-cut value saved (and what is free), the rest
+    recomputed; low-peak starting points that min-cut plans do not reach."""
+    by_name = problem.by_name
+    free = {n.name for n in problem.nodes if n.role is Role.INPUT and problem.can_save(n.name)}
+    out = []
+    values: dict[float, list[str]] = {}
+    for widest, k in CHECKPOINT_STARTS:
+        if widest not in values:
+            values[widest] = narrow_cut_values(problem, widest)
+        saved = {v for v in values[widest][::k] if problem.can_save(v)} | free
+        for _ in range(4):  # values that cannot be recomputed (dropout) are saved where needed
+            recomputed, _ = recompute_closure(problem, saved)
+            needed = {u for v in recomputed for u in by_name[v].inputs} | set(problem.backward_reads)
+            must = {u for u in needed - saved - recomputed if problem.can_save(u)}
+            if not must:
+                break
+            saved |= must
+        try:
+            plan = plan_from_saved(problem, saved, solver="checkpoint", status=Status.HEURISTIC)
+        except PlanError:
+            continue  # something the backward needs can be neither saved nor recomputed
         out.append((plan, simulate_plan(problem, plan.saved).peak))
     return out
 

@@ -308,3 +308,44 @@ def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
     assert main(["run", str(tmp_path / "bad.yaml")]) == 2
     err = capsys.readouterr().err
     assert "verify.gradients" in err and "capture.meta: false" in err
+
+
+def test_peak_budgets_in_a_run(tmp_path, capsys):
+    # a peak budget between the floor and the least-recompute plan's peak (the peak-aware solvers
+    # meet it, the others are skipped), and one below the floor (a clear infeasible record)
+    from opt_remat.config import load_config
+    from opt_remat.runner import materialize
+    from solvers.liveness import peak_lower_bound, simulate_plan
+    from solvers.registry import solve
+
+    text = (TINY.replace("opt_remat.models:mlp", "opt_remat.models:llama")
+            .replace("{{d_in: 16, hidden: 32, layers: 2}}", "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")
+            .replace("{{shape: [4, 16], dtype: float32}}", "{{shape: [2, 16], dtype: int64, high: 64}}")
+            .replace("[mincut, save-all, greedy]", "[mincut, {{name: cpsat, time_limit_s: 5}}, greedy, torch]"))
+    path = tmp_path / "peak.yaml"
+    path.write_text(text.format(out="out"))
+    problem = materialize(load_config(path)).problem
+    floor = peak_lower_bound(problem)
+    top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
+    middle = (floor + top) // 2
+    path.write_text(text.replace("budgets: [0.5, 0.2]", f"budgets: [{{{{peak: {middle}}}}}, "
+                                 f"{{{{peak: {floor - 1}, saved: 0.5}}}}]").format(out="out"))
+    assert main(["run", str(path)]) == 0
+    recs = {(r["budget"], r["solver"]): r for r in results(tmp_path / "out")}
+    r = recs[(f"peak {middle}", "cpsat")]
+    assert r["peak_budget"] == middle and r["peak_bytes"] <= middle
+    assert r["verified"] is True
+    r = recs[(f"peak {middle}", "mincut")]  # a heuristic: it fits, or names a larger peak it found
+    assert r.get("peak_bytes", 0) <= middle < r.get("min_peak_bytes", middle + 1)
+    for solver in ("mincut", "cpsat"):
+        low = recs[(f"peak {floor - 1} + 0.5", solver)]
+        assert low["status"] == "infeasible" and low["min_peak_bytes"] >= floor
+        assert str(low["min_peak_bytes"]) in low["error"]
+    for solver in ("greedy", "torch"):
+        assert recs[(f"peak {middle}", solver)]["status"] == "skipped"
+    assert "peak " in (tmp_path / "out" / "summary.txt").read_text()
+
+    path.write_text(text.replace("budgets: [0.5, 0.2]", "budgets: [{{peak: 0.5}}]").format(out="out2"))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "budgets[0].peak" in err and "not a fraction" in err

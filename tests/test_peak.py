@@ -258,3 +258,35 @@ def test_infeasible_peak_names_the_floor():
         solve_peak(problem, floor - 1, time_limit_s=5)
     assert info.value.floor == floor and str(floor) in str(info.value)
     assert info.value.min_peak >= floor
+
+
+def test_checkpoint_starts_on_repeated_blocks():
+    from solvers.peak import _checkpoint_plans, narrow_cut_values
+    from solvers.random_problems import repeated_problem
+    for seed in range(6):
+        p = repeated_problem(seed, layers=6, per_layer=5)
+        values = narrow_cut_values(p)
+        assert {v.split("_")[0] for v in values} >= {f"l{k}" for k in range(5)}  # every block boundary
+        for plan, peak in _checkpoint_plans(p):
+            assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak == peak
+
+
+def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
+    # 4 layers: min-cut plans alone keep every layer's activations alive at once in the backward;
+    # checkpointing starts and the search get close to the floor no plan can beat
+    from opt_remat.build import build_problem, classify, prepare_joint
+    from opt_remat.capture import capture
+    from solvers.liveness import peak_lower_bound
+    from solvers.peak import _frontier
+
+    joint = capture(lambda: llama(layers=4, d_model=64, heads=4, seq=32),
+                    (torch.zeros(2, 32, dtype=torch.long),), meta=True)
+    module = prepare_joint(joint.module)
+    problem = build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
+                            node_info=classify(module, joint.num_fwd_outputs))
+    floor = peak_lower_bound(problem)
+    with pytest.raises(PeakInfeasibleError) as info:
+        solve_peak(problem, floor - 1, time_limit_s=5)
+    found = info.value.min_peak
+    assert floor <= found <= 1.25 * floor
+    assert found <= min(peak for _, peak in _frontier(problem))
