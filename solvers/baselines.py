@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .liveness import narrow_cut_values
 from .mincut import InfeasibleError, lam_range, solve_mincut
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
 from .registry import register
@@ -263,8 +264,9 @@ def block_boundaries(problem: Problem) -> tuple[list[str], str]:
 
     ``"dominators"``: the forward values every forward path from the inputs to the loss passes
     through (the loss: the forward value with no forward users and the most ancestors) -- the
-    outputs of the blocks ``torch.utils.checkpoint`` users wrap. When the forward has no such
-    value, ``"topological"``: every saveable, recomputable forward value in topological order, so
+    outputs of the blocks ``torch.utils.checkpoint`` users wrap. With fewer than two of those,
+    ``"narrow cuts"``: the values crossing the forward's narrowest cuts
+    (``solvers.liveness.narrow_cut_values``). When there are none either, ``"topological"``: every saveable, recomputable forward value in topological order, so
     that "every k-th" spaces checkpoints evenly in execution order.
     """
     import networkx as nx
@@ -303,6 +305,14 @@ def block_boundaries(problem: Problem) -> tuple[list[str], str]:
     chain.reverse()
     bounds = [b for b in chain
               if problem.by_name[b].role in (Role.FORWARD, Role.EITHER) and problem.can_save(b)]
+    if len(bounds) > 1:
+        return bounds, "dominators"
+    # Graph inputs enter every block (a transformer's weights, its rotary tables), so paths from
+    # them bypass the blocks' outputs and nothing inside dominates: the values crossing the
+    # forward's narrowest cuts (the residual stream) are the block boundaries then
+    narrow = [v for v in narrow_cut_values(problem) if problem.can_save(v) and v != loss]
+    if len(narrow) > 1:
+        return narrow, "narrow cuts"
     if bounds:
         return bounds, "dominators"
     topo = [n.name for n in fwd if n.role is Role.FORWARD and n.name != loss

@@ -227,3 +227,39 @@ def peak_lower_bound(problem: Problem) -> int:
     grads = {by_name[o].storage_id for o in problem.backward_outputs}
     backward_floor = floor(backward, lambda g: g not in forward_side, grads, read_here)
     return max(forward_floor, backward_floor)
+
+
+def narrow_cut_values(problem: Problem, widest: float = 1.0) -> list[str]:
+    """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
+    bytes computed so far are still needed later (up to ``widest`` times that width). In a network
+    of blocks the narrowest are the values between blocks (a transformer's residual stream): the
+    classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
+    crosses)."""
+    forward = [n for n in problem.nodes if n.role is Role.FORWARD]
+    position = {n.name: i for i, n in enumerate(forward)}
+    last: dict[str, int] = {}
+    for n in forward:
+        for u in n.inputs:
+            if u in position:
+                last[u] = max(last.get(u, -1), position[n.name])
+    size = problem.storage_size
+    crossing = [n for n in forward if n.storage_id == n.name and last.get(n.name, -1) > position[n.name]]
+    # width[t]: bytes of the values made at or before step t and read after it (the cut after t)
+    delta = [0] * (len(forward) + 1)
+    for n in crossing:
+        delta[position[n.name]] += size[n.name]
+        delta[last[n.name]] -= size[n.name]
+    width, running = [], 0
+    for i in range(len(forward)):
+        running += delta[i]
+        width.append(running)
+    inner = [w for w in width[1:-1] if w > 0]
+    if not inner:
+        return []
+    narrow = min(inner)
+    narrow_before = [0]  # narrow_before[t]: narrowest positions before t
+    for w in width:
+        narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
+    # crosses a narrowest cut: alive across some position of that width
+    return [n.name for n in crossing
+            if narrow_before[last[n.name]] > narrow_before[position[n.name]]]

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .liveness import peak_lower_bound, simulate_plan
+from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan
 from .mincut import InfeasibleError
 from .peak_search import improve_saved_sets
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
@@ -535,42 +535,6 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
 # (w, k): narrow cuts and long strides hold little and recompute much, wide cuts the reverse
 # (measured on a 32-layer LLaMA graph: peaks 1.04x-1.3x the floor, min-cut plans at 3.3x)
 CHECKPOINT_STARTS = ((1.0, 1), (1.0, 2), (1.0, 3), (1.0, 6), (2.0, 1), (2.0, 2), (4.0, 1), (4.0, 2))
-
-
-def narrow_cut_values(problem: Problem, widest: float = 1.0) -> list[str]:
-    """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
-    bytes computed so far are still needed later (up to ``widest`` times that width). In a network
-    of blocks the narrowest are the values between blocks (a transformer's residual stream): the
-    classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
-    crosses)."""
-    forward = [n for n in problem.nodes if n.role is Role.FORWARD]
-    position = {n.name: i for i, n in enumerate(forward)}
-    last: dict[str, int] = {}
-    for n in forward:
-        for u in n.inputs:
-            if u in position:
-                last[u] = max(last.get(u, -1), position[n.name])
-    size = problem.storage_size
-    crossing = [n for n in forward if n.storage_id == n.name and last.get(n.name, -1) > position[n.name]]
-    # width[t]: bytes of the values made at or before step t and read after it (the cut after t)
-    delta = [0] * (len(forward) + 1)
-    for n in crossing:
-        delta[position[n.name]] += size[n.name]
-        delta[last[n.name]] -= size[n.name]
-    width, running = [], 0
-    for i in range(len(forward)):
-        running += delta[i]
-        width.append(running)
-    inner = [w for w in width[1:-1] if w > 0]
-    if not inner:
-        return []
-    narrow = min(inner)
-    narrow_before = [0]  # narrow_before[t]: narrowest positions before t
-    for w in width:
-        narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
-    # crosses a narrowest cut: alive across some position of that width
-    return [n.name for n in crossing
-            if narrow_before[last[n.name]] > narrow_before[position[n.name]]]
 
 
 def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
