@@ -130,7 +130,7 @@ def test_peak_budget_holds_on_real_models(name):
     save_all_peak, _ = _measured_step(name, "save-all")
     inputs_only_peak, _ = _measured_step(name, "inputs-only")
     for peak_budget in (save_all_peak, int(0.95 * max(save_all_peak, inputs_only_peak))):
-        measured, rec = _measured_step(name, "cpsat", peak_budget=peak_budget, time_limit_s=20)
+        measured, rec = _measured_step(name, "cpsat", peak_budget=peak_budget, time_limit_s=8)
         assert measured <= peak_budget
         assert abs(measured - rec.plan.extra["peak"]) <= 0.05 * measured
         # never more recompute than the cheapest min-cut frontier plan under the same peak
@@ -143,6 +143,7 @@ def test_peak_budget_holds_on_real_models(name):
     while err is not None and not isinstance(err, opt_remat.PeakBudgetError):
         err = err.__cause__ or getattr(err, "inner_exception", None)
     assert isinstance(err, opt_remat.PeakBudgetError) and str(err.min_peak) in str(err)
+    # (searched again with at least the time the error was found in)
     measured, _ = _measured_step(name, "cpsat", peak_budget=err.min_peak, time_limit_s=20)
     assert measured <= err.min_peak
 
@@ -150,10 +151,10 @@ def test_peak_budget_holds_on_real_models(name):
 def test_peak_budget_gradients_match_save_all():
     model, inputs = _model("gpt2")
     ref = training_step(model, inputs, save_all_backend("inductor"), seed=4)
-    measured, rec = _measured_step("gpt2", "cpsat", peak_budget=2_000_000)
+    measured, rec = _measured_step("gpt2", "cpsat", peak_budget=2_000_000, time_limit_s=8)
     torch._dynamo.reset()
     be = opt_remat.backend("cpsat", compiler="eager", decompositions="inductor",
-                           peak_budget=rec.plan.extra["peak"])
+                           peak_budget=rec.plan.extra["peak"], time_limit_s=8)
     assert compare_steps(training_step(model, inputs, be, seed=4), ref).max_rel_error <= 1e-6
 
 
