@@ -215,3 +215,15 @@ def build_problem(
                    count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
                    backward_outputs=frozenset(n.name for n in bwd_out_nodes))
+
+
+def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100"
+                       ) -> tuple[Any, Problem]:
+    """A prepared copy of a captured ``opt_remat.capture.JointGraph`` (the graph plans are lowered
+    on) and its problem: the capture -> problem stage in one call."""
+    prepared = joint.copy()
+    prepared.module = prepare_joint(prepared.module)
+    problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
+                            static_lifetime_input_indices=prepared.static_lifetime_input_indices,
+                            device=device)
+    return prepared, problem

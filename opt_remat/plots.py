@@ -30,6 +30,15 @@ def _time_unit(max_s: float) -> tuple[str, float]:
     return "ns", 1e-9
 
 
+def _save_png(fig: Any, path: str | Path) -> Path:
+    """Write the figure atomically: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
+
+
 def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float]], path: str | Path, *,
                 title: str = "saved memory vs recompute cost") -> Path:
     """Write a PNG of the run's plans; returns the path."""
@@ -88,11 +97,7 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
         ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    return _save_png(fig, path)
 
 
 def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
@@ -127,8 +132,4 @@ def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    return _save_png(fig, path)

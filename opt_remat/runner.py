@@ -276,24 +276,12 @@ def materialize(cfg: Config) -> Workload:
 
     import torch
 
-    from .build import build_problem, classify, prepare_joint
-    from .torch_reference import torch_runtime_optimized_saved
-
     factory = cfg.factory()
     kwargs = dict(cfg.data["model"].get("kwargs", {}))
     torch.manual_seed(cfg.seed)
     if cfg.meta:
         return _materialize_meta(cfg, factory, kwargs, profile)
-    try:
-        model = factory(**kwargs)
-    except TypeError as exc:
-        raise cfg.error(("model", "kwargs"), f"the factory does not take these arguments ({exc})") from None
-    except Exception as exc:
-        raise cfg.error(("model", "kwargs"), f"the factory failed: {_first_line(exc)}") from None
-    if not isinstance(model, torch.nn.Module):
-        raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
-                                              f"{type(model).__name__}")
-    model = model.to(getattr(torch, cfg.dtype)).train()
+    model = _build_model(cfg, factory, kwargs).to(getattr(torch, cfg.dtype)).train()
     inputs = make_inputs(cfg, model)
     loss_fn = make_loss(cfg.loss)
     with quiet_torch():
@@ -322,19 +310,39 @@ def materialize(cfg: Config) -> Workload:
         if len(graphs) != 1:
             raise cfg.error(("model", "factory"), f"the training step compiled to {len(graphs)} joint graphs; "
                                                   "opt-remat run needs exactly one")
-        joint = graphs[0]
-        prepared = joint.copy()
-        prepared.module = prepare_joint(prepared.module)
-        info = classify(prepared.module, prepared.num_fwd_outputs, prepared.static_lifetime_input_indices)
-        problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs, device=profile,
-                                node_info=info)
-        anchor_copy = prepared.copy()
-        anchor_info = classify(anchor_copy.module, anchor_copy.num_fwd_outputs,
-                               anchor_copy.static_lifetime_input_indices)
-        top = problem.saved_bytes(torch_runtime_optimized_saved(anchor_copy.module, anchor_info))
+        prepared, problem, top = _problem_of(graphs[0], profile)
         capture_s = time.perf_counter() - start
     return Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs, loss_fn=loss_fn,
                     prepared=prepared, top_anchor_bytes=top, capture_s=capture_s)
+
+
+def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """The factory's module, or a ConfigError naming the field to fix."""
+    import torch
+
+    try:
+        model = factory(**kwargs)
+    except TypeError as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory does not take these arguments ({exc})") from None
+    except Exception as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory failed: {_first_line(exc)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
+                                              f"{type(model).__name__}")
+    return model
+
+
+def _problem_of(joint: Any, profile: Any) -> tuple[Any, Problem, int]:
+    """The prepared joint graph, its problem, and the saved bytes of torch's default min-cut on it
+    (the top anchor of fractional budgets)."""
+    from .build import classify, problem_from_joint
+    from .torch_reference import torch_runtime_optimized_saved
+
+    prepared, problem = problem_from_joint(joint, device=profile)
+    anchor = prepared.copy()  # torch's partitioner annotates the graph it is given
+    anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
+    top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
+    return prepared, problem, top
 
 
 def _materialize_meta(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any],
@@ -343,21 +351,11 @@ def _materialize_meta(cfg: Config, factory: Callable[..., Any], kwargs: dict[str
     gradients with, but the graph serves the solvers, torch's baseline and the saved-byte check."""
     import torch
 
-    from .build import build_problem, classify, prepare_joint
     from .capture import capture
-    from .torch_reference import torch_runtime_optimized_saved
 
     dtype = getattr(torch, cfg.dtype)
-    try:
-        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
-            shell = factory(**kwargs)
-    except TypeError as exc:
-        raise cfg.error(("model", "kwargs"), f"the factory does not take these arguments ({exc})") from None
-    except Exception as exc:
-        raise cfg.error(("model", "kwargs"), f"the factory failed: {_first_line(exc)}") from None
-    if not isinstance(shell, torch.nn.Module):
-        raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
-                                              f"{type(shell).__name__}")
+    with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
+        shell = _build_model(cfg, factory, kwargs)
     inputs = make_inputs(cfg, shell)
     loss_fn = make_loss(cfg.loss)
     start = time.perf_counter()
@@ -368,14 +366,7 @@ def _materialize_meta(cfg: Config, factory: Callable[..., Any], kwargs: dict[str
         except Exception as exc:
             raise cfg.error(("model", "inputs"), f"tracing the training step with fake tensors failed "
                                                  f"(do the inputs fit the model?): {_first_line(exc)}") from None
-        prepared = joint.copy()
-        prepared.module = prepare_joint(prepared.module)
-        info = classify(prepared.module, prepared.num_fwd_outputs, prepared.static_lifetime_input_indices)
-        problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs, device=profile,
-                                node_info=info)
-        anchor = prepared.copy()
-        anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
-        top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
+        prepared, problem, top = _problem_of(joint, profile)
     return Workload(problem, graph_hash(problem), profile, prepared=prepared, top_anchor_bytes=top,
                     capture_s=time.perf_counter() - start)
 

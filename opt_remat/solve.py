@@ -61,7 +61,8 @@ def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: in
     except PeakInfeasibleError as exc:
         err = PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None))
         if solver == "mincut":  # the frontier alone: the exact search often goes lower
-            err.args = (err.args[0] + " (among min-cut plans only: solver 'cpsat' searches further)",)
+            err.args = (err.args[0] + " (among min-cut and checkpointing plans only: solver 'cpsat' "
+                        "searches further)",)
         raise err from None
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:

@@ -457,7 +457,7 @@ def _warm_start(problem: Problem, model: Model, budget: int | None, *, cuts: int
     done = 0
 
     def better(p: Plan) -> bool:
-        return best is None or (p.recompute_cost, p.saved_bytes) < (best.recompute_cost, best.saved_bytes)
+        return best is None or _better(p, best)
 
     def cut(lam: float) -> Plan:
         nonlocal best, lb, done
@@ -652,7 +652,8 @@ class _Tied:
 
 def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan | None, *,
                 engine: str, threads: int, seed: int, deadline: float) -> _Tied:
-    """The problem with one decision per repeated-layer group, solved exactly (in time)."""
+    """The problem with one decision per repeated-layer group, solved exactly (in time); ``warm``
+    (a plan in the presolved program's terms) is its hint."""
     t0 = time.perf_counter()
     sym = find_repeated(problem)
     extra: dict[str, object] = {"symmetry": sym.summary(), "tie_groups": len(sym.groups)}
@@ -665,10 +666,7 @@ def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan |
     except InfeasibleError:
         extra["tie_status"] = "no plan satisfies the ties"
         return _Tied(None, None, extra)
-    hint = None
-    if warm is not None:
-        hint = hint_from_plan(tied, plan_from_saved(problem, normalize_saved(model, warm.saved),
-                                                    solver="mincut", status=Status.HEURISTIC))
+    hint = None if warm is None else hint_from_plan(tied, warm)
     solved = _solve_engine(problem, tied, _CostScale.of(tied), budget, hint, engine=engine,
                            deadline=deadline, threads=threads, seed=seed)
     extra.update({"tie_vars": tied.num_vars, "tie_status": solved.result.status,
@@ -727,16 +725,16 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
     t_warm = time.perf_counter()
     if warm.min_bytes is not None and budget is not None and warm.min_bytes > budget:
         raise BudgetInfeasibleError(budget, warm.min_bytes)
-    hint = None
-    if warm.plan is not None:  # as the presolved program sees it: dominated savings replaced
-        hint = hint_from_plan(model, plan_from_saved(problem, normalize_saved(model, warm.plan.saved),
-                                                     solver="mincut", status=Status.HEURISTIC))
+    # the warm start as the presolved program sees it: dominated savings replaced
+    start_plan = None if warm.plan is None else plan_from_saved(
+        problem, normalize_saved(model, warm.plan.saved), solver="mincut", status=Status.HEURISTIC)
+    hint = None if start_plan is None else hint_from_plan(model, start_plan)
     scale = _CostScale.of(model)
 
     tied: _Tied | None = None
     if symmetry != "none":
         share = 1.0 if symmetry == "tie" else 1 / 3
-        tied = _solve_tied(problem, model, budget, warm.plan, engine=engine, threads=threads,
+        tied = _solve_tied(problem, model, budget, start_plan, engine=engine, threads=threads,
                            seed=seed, deadline=time.perf_counter()
                            + share * max(deadline - time.perf_counter(), 0.0))
         if symmetry == "warm" and tied.plan is not None and (

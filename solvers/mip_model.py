@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
+from .disjoint_sets import DisjointSets
 from .mincut import InfeasibleError
 from .problem import Plan, Problem
 
@@ -171,20 +172,12 @@ def reduce_model(model: Model, merges: Iterable[Sequence[int]], zeros: Iterable[
     and the fixings they force (an implication with nothing left on its right side, a storage
     variable fixed to 0) are propagated. Raises InfeasibleError if a variable that must be 1 is
     fixed to 0 (only ties, which restrict the problem, can do that)."""
-    parent = list(range(model.num_vars))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    sets = DisjointSets(model.num_vars)
+    find = sets.find
     for group in merges:
         group = list(group)
         for i in group[1:]:
-            a, b = find(group[0]), find(i)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+            sets.union(group[0], i)
     zero_roots = {find(i) for i in zeros}
     while True:
         index: dict[int, int] = {}

@@ -235,7 +235,7 @@ def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, 
                  _frontier_plans: list[tuple[Plan, int]] | None = None,
                  _deadline: float | None = None, _attempts: list[frozenset[str]] | None = None) -> Plan:
     """The stage model's plan (its limit relaxed or tightened a few times, the simulation judging),
-    or the best fitting min-cut frontier plan; every model plan is appended to ``_attempts``."""
+    or the best fitting frontier plan; every model plan is appended to ``_attempts``."""
     from ortools.sat.python import cp_model
 
     start = time.perf_counter()
@@ -450,7 +450,7 @@ def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, 
 
     frontier = _frontier(problem) if _frontier_plans is None else _frontier_plans
     warm = None
-    if hint_saved is None:  # warm start from the cheapest min-cut frontier plan that fits
+    if hint_saved is None:  # warm start from the cheapest frontier plan that fits
         best = _cheapest_fitting(frontier, peak_budget, budget)
         if best is not None:
             warm = best[0]
@@ -517,8 +517,9 @@ def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, 
 
 
 def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
-    """Min-cut plans across the memory/recompute trade-off with their simulated peaks: cheap
-    candidates (warm start, fallback, the smallest peak found) computed once per solve."""
+    """Min-cut plans across the memory/recompute trade-off, and checkpointing plans, with their
+    simulated peaks: cheap candidates (warm start, fallback, search starts, the smallest peak
+    found) computed once per solve."""
     from .mincut import lam_range, solve_mincut
     lo, hi = lam_range(problem)
     out = []
@@ -579,7 +580,7 @@ def _infeasible(problem: Problem, peak_budget: int, frontier: list[tuple[Plan, i
 def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: float,
               time_limit_s: float, frontier: list[tuple[Plan, int]],
               model_infeasible: bool = False) -> Plan:
-    """No plan from CP-SAT in time: the cheapest min-cut frontier plan that fits, said so."""
+    """No plan from CP-SAT in time: the cheapest frontier plan that fits, said so."""
     best = _cheapest_fitting(frontier, peak_budget, budget)
     if best is None:
         raise _infeasible(problem, peak_budget, frontier)
@@ -590,7 +591,7 @@ def _fallback(problem: Problem, peak_budget: int, budget: int | None, elapsed: f
                 solve_time_s=elapsed, objective=plan.recompute_cost, bound=None, budget=budget,
                 message=("the stage model admits no plan (it over-counts memory): "
                          if model_infeasible else f"CP-SAT found no plan in {time_limit_s} s: ")
-                + f"fell back to the min-cut plan with simulated peak {peak} bytes",
+                + f"fell back to the {plan.solver} plan with simulated peak {peak} bytes",
                 extra={"peak": peak, "peak_budget": peak_budget})
 
 
@@ -608,7 +609,8 @@ def _first_need_stage(problem: Problem, lay: _Layout, saved: set[str]) -> dict[s
 
 
 def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None) -> Plan:
-    """The cheapest min-cut frontier plan whose simulated peak fits: fast, not proven optimal."""
+    """The cheapest frontier plan (min-cut or checkpointing) whose simulated peak fits: fast, not
+    proven optimal."""
     start = time.perf_counter()
     frontier = _frontier(problem)
     best = _cheapest_fitting(frontier, peak_budget, budget)
@@ -618,5 +620,5 @@ def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = N
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
-                message=f"best min-cut frontier plan under the peak budget: simulated peak {peak} bytes",
+                message=f"best {plan.solver} plan of the frontier under the peak budget: simulated peak {peak} bytes",
                 extra={"peak": peak, "peak_budget": peak_budget})

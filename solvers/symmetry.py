@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from .disjoint_sets import DisjointSets
 from .problem import Problem, Role
 
 DEFAULT_ROUNDS = 2  # local context: tells positions inside a block apart, not blocks
@@ -70,24 +71,15 @@ def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: i
         last[c] = i
     top = gaps.most_common(max_periods)
     periods = [p for p, count in top if count >= max(2, top[0][1] // 4)] if top else []
-    parent = list(range(len(names)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    sets = DisjointSets(len(names))
     for period in periods:
         for i in range(len(seq) - period):
             if seq[i] == seq[i + period]:
-                a, b = find(i), find(i + period)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
+                sets.union(i, i + period)
     members: dict[int, list[str]] = {}
     for i, node in enumerate(problem.nodes):
         if node.role in (Role.FORWARD, Role.EITHER):
-            members.setdefault(find(i), []).append(node.name)
+            members.setdefault(sets.find(i), []).append(node.name)
     groups = [g for g in members.values() if len(g) > 1]
     sizes = Counter(len(g) for g in groups)
     layers = max(sizes, key=lambda k: (sizes[k], k)) if sizes else 1

@@ -8,16 +8,14 @@ import textwrap
 
 import torch
 
-from opt_remat.build import build_problem, classify, prepare_joint
+from opt_remat.build import problem_from_joint
 from opt_remat.capture import capture
 from opt_remat.models import Llama, example_inputs
 from solvers.mincut import solve_mincut
 
 
 def _problem(joint):
-    module = prepare_joint(joint.module)
-    return build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
-                         node_info=classify(module, joint.num_fwd_outputs))
+    return problem_from_joint(joint)[1]
 
 
 def test_meta_capture_matches_real_capture():

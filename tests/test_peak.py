@@ -29,6 +29,14 @@ def _problem(seed):
     return Problem(p.nodes, forward_outputs=frozenset(fw[-1:]), backward_outputs=frozenset(rng.sample(bw, 2)))
 
 
+def _save_all_peak(p):
+    """The step peak when everything saveable is saved; None when that is no valid plan."""
+    everything = [n.name for n in p.candidates if p.can_save(n.name)]
+    if recompute_closure(p, everything)[1]:
+        return None
+    return simulate_plan(p, everything).peak
+
+
 def _brute_peak(p, peak_budget):
     """Least recompute cost over all saved sets whose simulated peak fits (None: none fits)."""
     choices = [n.name for n in p.candidates if p.can_save(n.name)]
@@ -46,10 +54,9 @@ def test_peak_model_against_brute_force():
     agree = total = 0
     for seed in range(80):
         p = _problem(seed)
-        everything = [n.name for n in p.candidates if p.can_save(n.name)]
-        if recompute_closure(p, everything)[1]:
+        top = _save_all_peak(p)
+        if top is None:
             continue
-        top = simulate_plan(p, everything).peak
         for peak_budget in (top, int(top * 0.85), int(top * 0.7)):
             exact = _brute_peak(p, peak_budget)
             total += 1
@@ -73,10 +80,10 @@ def test_peak_model_against_brute_force():
 @given(seed=st.integers(0, 10**6), stages=st.integers(1, 4), frac=st.floats(0.5, 1.0))
 def test_coarse_stages_stay_safe(seed, stages, frac):
     p = _problem(seed)
-    everything = [n.name for n in p.candidates if p.can_save(n.name)]
-    if recompute_closure(p, everything)[1]:
+    top = _save_all_peak(p)
+    if top is None:
         return
-    peak_budget = int(simulate_plan(p, everything).peak * frac)
+    peak_budget = int(top * frac)
     try:
         plan = solve_peak(p, peak_budget, stages=stages, time_limit_s=5)
     except PeakInfeasibleError as exc:
@@ -183,11 +190,10 @@ def test_local_search_against_brute_force():
     from solvers.peak_search import improve_saved_sets
     for seed in range(60):
         p = _problem(seed)
-        everything = [n.name for n in p.candidates if p.can_save(n.name)]
-        if recompute_closure(p, everything)[1]:
+        top = _save_all_peak(p)
+        if top is None:
             continue
         rng = random.Random(seed)
-        top = simulate_plan(p, everything).peak
         for peak_budget in (top, int(top * 0.85), int(top * 0.7)):
             exact = _brute_peak(p, peak_budget)
             starts = [plan.saved for plan, _ in _frontier(p)] + _random_saved_sets(p, rng, 3)
@@ -212,8 +218,7 @@ def test_solve_peak_search_on_small_budgets():
     # smallest peak is one the search reached (so a budget there is feasible)
     for seed in range(40):
         p = _problem(seed)
-        everything = [n.name for n in p.candidates if p.can_save(n.name)]
-        if recompute_closure(p, everything)[1]:
+        if _save_all_peak(p) is None:
             continue
         try:
             solve_peak(p, 1, time_limit_s=5)
@@ -247,13 +252,10 @@ def test_peak_lower_bound_is_below_every_plan():
 
 def test_infeasible_peak_names_the_floor():
     model, inputs = _model("llama")
-    from opt_remat.build import build_problem, classify, prepare_joint
+    from opt_remat.build import problem_from_joint
     from opt_remat.capture import capture
     from solvers.liveness import peak_lower_bound
-    joint = capture(model, inputs, decompositions="inductor")
-    module = prepare_joint(joint.module)
-    problem = build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
-                            node_info=classify(module, joint.num_fwd_outputs))
+    _, problem = problem_from_joint(capture(model, inputs, decompositions="inductor"))
     floor = peak_lower_bound(problem)
     with pytest.raises(PeakInfeasibleError) as info:
         solve_peak(problem, floor - 1, time_limit_s=5)
@@ -275,16 +277,13 @@ def test_checkpoint_starts_on_repeated_blocks():
 def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     # 4 layers: min-cut plans alone keep every layer's activations alive at once in the backward;
     # checkpointing starts and the search get close to the floor no plan can beat
-    from opt_remat.build import build_problem, classify, prepare_joint
+    from opt_remat.build import problem_from_joint
     from opt_remat.capture import capture
     from solvers.liveness import peak_lower_bound
     from solvers.peak import _frontier
 
-    joint = capture(lambda: llama(layers=4, d_model=64, heads=4, seq=32),
-                    (torch.zeros(2, 32, dtype=torch.long),), meta=True)
-    module = prepare_joint(joint.module)
-    problem = build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
-                            node_info=classify(module, joint.num_fwd_outputs))
+    _, problem = problem_from_joint(capture(lambda: llama(layers=4, d_model=64, heads=4, seq=32),
+                                            (torch.zeros(2, 32, dtype=torch.long),), meta=True))
     floor = peak_lower_bound(problem)
     with pytest.raises(PeakInfeasibleError) as info:
         solve_peak(problem, floor - 1, time_limit_s=5)

@@ -83,15 +83,12 @@ def test_unknown_symmetry_is_a_clear_error():
 
 def test_real_llama_layers_are_found(tmp_path):
     torch = pytest.importorskip("torch")
-    from opt_remat.build import build_problem, classify, prepare_joint
+    from opt_remat.build import problem_from_joint
     from opt_remat.capture import capture
     from opt_remat.models import Llama
 
-    joint = capture(lambda: Llama(layers=4, d_model=32, heads=2, seq=16),
-                    (torch.zeros(1, 16, dtype=torch.long),), meta=True)
-    module = prepare_joint(joint.module)
-    problem = build_problem(module, num_fwd_outputs=joint.num_fwd_outputs,
-                            node_info=classify(module, joint.num_fwd_outputs))
+    _, problem = problem_from_joint(capture(lambda: Llama(layers=4, d_model=32, heads=2, seq=16),
+                                            (torch.zeros(1, 16, dtype=torch.long),), meta=True))
     sym = find_repeated(problem)
     assert sym.layers == 4 and sym.covered >= 0.6 * len(problem.candidates)
     model = presolve(problem, build_model(problem))
