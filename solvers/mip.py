@@ -60,7 +60,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -158,7 +158,8 @@ class _Result:
 
 def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
                *, time_limit_s: float, threads: int, seed: int, presolve: bool = False,
-               proven: Callable[[float, float], bool] | None = None) -> _Result:
+               proven: Callable[[float, float], bool] | None = None,
+               extend: Callable[[Any, list[Any]], None] | None = None) -> _Result:
     """Solve with CP-SAT. Once ``proven(incumbent, bound)`` holds (objective values as floats;
     e.g. the part of the objective that matters is proven optimal), the search gets a grace period
     of a fifth of the time it took to get there (at least 1 s) and is then stopped."""
@@ -183,6 +184,8 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
             add_imp(x[s], x[y])
     if budget is not None and sum(model.mem_size) > budget:
         m.add(cp_model.LinearExpr.weighted_sum([x[i] for i in model.mem_var], model.mem_size) <= budget)
+    if extend is not None:  # further conditions over the same booleans (the peak relaxation)
+        extend(m, x)
     keys = list(objective)
     m.minimize(cp_model.LinearExpr.weighted_sum([x[i] for i in keys], [objective[i] for i in keys]))
     if hint is not None:
@@ -531,7 +534,8 @@ class _Solved:
 
 
 def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list[int] | None,
-                 *, time_limit_s: float, threads: int, seed: int) -> _Solved:
+                 *, time_limit_s: float, threads: int, seed: int,
+                 extend: Callable[[Any, list[Any]], None] | None = None) -> _Solved:
     # one lexicographic objective: W * (integer cost) + (quantized memory), sum(memory) < W
     w, g = scale.w, scale.gcd
     obj: dict[int, int] = {i: w * c for i, c in scale.int_cost.items()}
@@ -552,7 +556,7 @@ def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list
         return cost_bound(math.floor(b)) >= int(incumbent) // w
 
     res = _run_cpsat(model, obj, budget, hint, time_limit_s=time_limit_s, threads=threads,
-                     seed=seed, proven=cost_proven if model.mem_var else None)
+                     seed=seed, proven=cost_proven if model.mem_var else None, extend=extend)
     detail: dict[str, object] = {"tie_break": "none"}
     bound = None
     if res.bound is not None:

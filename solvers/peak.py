@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterable
 
 from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan
 from .mincut import InfeasibleError
@@ -52,6 +52,14 @@ RECOMPUTE_BUCKETS = 4
 # share of the time limit kept for the local search after the model (it stops earlier at a local
 # optimum; the model also often finishes early and leaves it more)
 SEARCH_SHARE = 0.5
+# relative gap (cost - proven bound) / cost at which a peak solve stops
+DEFAULT_GAP = 0.01
+# shares of the time limit for the first relaxation solve and for re-solving it at lowered budgets
+RELAX_SHARE = 0.3
+SHRINK_SHARE = 0.3
+# the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
+# finds its plans in time (measured: nothing at 32 layers)
+STAGE_MODEL_MAX_VALUES = 600
 
 
 class PeakInfeasibleError(InfeasibleError):
@@ -59,16 +67,18 @@ class PeakInfeasibleError(InfeasibleError):
     no plan can go below (``solvers.liveness.peak_lower_bound``)."""
 
     def __init__(self, peak_budget: int, min_peak: int | None, proven: bool,
-                 floor: int | None = None) -> None:
+                 floor: int | None = None, *, infeasible_proven: bool = False) -> None:
         self.peak_budget = peak_budget
         self.min_peak = min_peak
         self.floor = floor
         self.min_feasible_bytes = None
+        self.infeasible_proven = infeasible_proven
         proven = proven or (min_peak is not None and min_peak == floor)
         what = "the smallest peak" if proven else "the smallest peak found"
         bound = f"; no plan can peak below {floor} bytes" if floor is not None and not proven else ""
+        why = " (proven: no plan fits the relaxation)" if infeasible_proven else ""
         super().__init__(
-            f"peak budget {peak_budget} bytes is infeasible: {what} of any plan is "
+            f"peak budget {peak_budget} bytes is infeasible{why}: {what} of any plan is "
             f"{min_peak} bytes{'' if proven else ' (not proven minimal in the time limit)'}{bound}; "
             f"raise peak_budget to at least {min_peak}")
 
@@ -168,64 +178,130 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
-               seed: int = 0, hint_saved: set[str] | None = None,
+               seed: int = 0, hint_saved: set[str] | None = None, gap: float = DEFAULT_GAP,
+               candidates: Iterable[Iterable[str]] = (),
                search_share: float = SEARCH_SHARE) -> Plan:
-    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes.
+    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
+    proven lower bound on the cost of every such plan (``plan.bound``; the gap in
+    ``extra["gap"]``).
 
-    CP-SAT solves the stage model (within ``1 - search_share`` of ``time_limit_s``); then the local
-    search of ``solvers.peak_search`` starts from its plans (even those the simulation rejected),
-    ``hint_saved`` (a caller's warm start, e.g. another partitioner's plan) and the min-cut
-    frontier, and returns the cheapest plan that the exact simulation fits, if better. When nothing
-    fits, PeakInfeasibleError names the smallest peak the search reached.
+    1. The relaxation of ``solvers.peak_bound`` (CP-SAT) gives the bound, and proves a budget
+       infeasible when it admits no plan. Its plan often fits the exact simulation: then it is
+       optimal up to the solver's gap.
+    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot; every
+       plan the project can make cheaply (min-cut across its trade-off, checkpointing every k-th
+       residual value, ``hint_saved`` and ``candidates`` such as torch's or the default plan); on
+       small graphs the stage model below; then the local search of ``solvers.peak_search`` from
+       all of these, judged by the exact simulation.
+    The solve returns as soon as the gap is at most ``gap`` (relative). Raises PeakInfeasibleError
+    naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
     """
     if peak_budget < 0:
         raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
+    from .mip_model import build_model, presolve
+    from .peak_bound import peak_rows, solve_relaxation
+
     start = time.perf_counter()
     deadline = start + float(time_limit_s)
+
+    def left() -> float:
+        return max(0.0, deadline - time.perf_counter())
+
     frontier = _frontier(problem)
+    for saved in ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates]:
+        try:
+            plan = plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC)
+        except PlanError:
+            continue
+        frontier.append((plan, simulate_plan(problem, plan.saved).peak))
+    best = _cheapest_fitting(frontier, peak_budget, budget)
+    best_plan, best_peak = (best[0], best[1]) if best is not None else (None, None)
+
+    model = presolve(problem, build_model(problem))
+    rows = peak_rows(problem)
+    relaxed = solve_relaxation(problem, model, rows, peak_budget, budget, threads=threads, seed=seed,
+                               time_limit_s=RELAX_SHARE * time_limit_s,
+                               hint_saved=set(best_plan.saved) if best_plan is not None else None)
+    if relaxed.status == "infeasible":
+        raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None), False,
+                                  peak_lower_bound(problem), infeasible_proven=True)
+    lower = relaxed.bound or 0.0
+    tried: list[frozenset[str]] = []
+
+    def offer(saved: Iterable[str], how: str) -> int | None:
+        nonlocal best_plan, best_peak
+        try:
+            plan = plan_from_saved(problem, saved, solver=how, status=Status.HEURISTIC)
+        except PlanError:
+            return None
+        tried.append(plan.saved)
+        peak = simulate_plan(problem, plan.saved).peak
+        if (peak <= peak_budget and (budget is None or plan.saved_bytes <= budget)
+                and (best_plan is None or (plan.recompute_cost, plan.saved_bytes)
+                     < (best_plan.recompute_cost, best_plan.saved_bytes))):
+            best_plan, best_peak = plan, peak
+        return peak
+
+    def done() -> bool:
+        return best_plan is not None and best_plan.recompute_cost - lower <= gap * best_plan.recompute_cost
+
+    overshoot = 0
+    if relaxed.saved is not None:
+        peak = offer(relaxed.saved, "relaxation")
+        overshoot = 0 if peak is None else peak - peak_budget
+    # the relaxation at budgets lowered by what its plans overshoot the exact simulation
+    target, hint = peak_budget, relaxed.saved
+    shrink_until = time.perf_counter() + SHRINK_SHARE * time_limit_s
+    while overshoot > 0 and not done() and time.perf_counter() < shrink_until:
+        target -= overshoot
+        again = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
+                                 time_limit_s=min(shrink_until - time.perf_counter(), left()),
+                                 hint_saved=set(hint) if hint is not None else None)
+        if again.saved is None:
+            break
+        peak = offer(again.saved, "relaxation")
+        overshoot = 0 if peak is None else peak - peak_budget
+        hint = again.saved
     attempts: list[frozenset[str]] = []
-    model_deadline = start + (1.0 - search_share) * float(time_limit_s)
-    plan: Plan | None = None
-    min_peak: int | None = None
-    try:
-        plan = _solve_model(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
-                            threads=threads, seed=seed, hint_saved=hint_saved,
-                            _frontier_plans=frontier, _deadline=model_deadline, _attempts=attempts)
-    except PeakInfeasibleError as exc:
-        min_peak = exc.min_peak
-    starts: list[frozenset[str]] = []
-    if plan is not None:
-        starts.append(plan.saved)
-    if hint_saved is not None:
-        starts.append(frozenset(hint_saved))
-    starts += attempts + [p.saved for p, _ in frontier]
-    found = improve_saved_sets(problem, starts, peak_budget, budget,
-                               time_limit_s=max(0.0, deadline - time.perf_counter()))
+    if not done() and len(problem.candidates) <= STAGE_MODEL_MAX_VALUES and left() > 0:
+        try:
+            plan = _solve_model(problem, peak_budget, budget, stages=stages, time_limit_s=left(),
+                                threads=threads, seed=seed, hint_saved=hint_saved,
+                                _frontier_plans=frontier,
+                                _deadline=time.perf_counter() + (1.0 - search_share) * left(),
+                                _attempts=attempts)
+            offer(plan.saved, "stage-model")
+        except PeakInfeasibleError:
+            pass
+    found = None
+    if not done() and left() > 0:
+        starts = ([best_plan.saved] if best_plan is not None else []) + tried + attempts \
+            + [p.saved for p, _ in frontier]
+        found = improve_saved_sets(problem, starts, peak_budget, budget, time_limit_s=left())
+        if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
+            raise RuntimeError("opt-remat internal error: the local search's simulation disagrees "
+                               "with solvers.liveness")
+        if found is not None:
+            offer(found.saved, "local-search")
     elapsed = time.perf_counter() - start
-    if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
-        raise RuntimeError("opt-remat internal error: the local search's simulation disagrees with "
-                           "solvers.liveness")
-    fits = found is not None and found.peak <= peak_budget and (budget is None or found.saved_bytes <= budget)
-    if not fits:
-        if plan is not None:
-            return replace(plan, solve_time_s=elapsed)
-        peaks = [p for p in (min_peak, found.peak if found is not None else None) if p is not None]
+    if best_plan is None:
+        peaks = [pk for _, pk in frontier] + ([found.peak] if found is not None else [])
         raise PeakInfeasibleError(peak_budget, min(peaks) if peaks else None, False,
                                   peak_lower_bound(problem))
-    if plan is not None and plan.recompute_cost <= found.cost * (1 + 1e-12):
-        return replace(plan, solve_time_s=elapsed)
-    searched = plan_from_saved(problem, found.saved, solver="cpsat-peak", status=Status.HEURISTIC,
-                               solve_time_s=elapsed, budget=budget)
-    extra = dict(plan.extra) if plan is not None else {}
-    extra.update(peak=found.peak, peak_budget=peak_budget, local_search=True)
-    if plan is not None:
-        extra["model_cost"] = plan.recompute_cost
-    how = ("the local search lowered the cost of the model's (or min-cut fallback's) plan"
-           if plan is not None else "the stage model found no plan; the local search did")
-    # a cheaper plan than the model's optimum keeps the model's status (it is at least as good)
-    return replace(searched, status=plan.status if plan is not None else Status.HEURISTIC,
-                   objective=searched.recompute_cost, extra=extra,
-                   message=f"simulated peak {found.peak} bytes (peak budget {peak_budget}); {how}")
+    cost = best_plan.recompute_cost
+    lower = min(lower, cost)
+    closed = cost - lower <= 1e-12 * max(cost, 1e-30) or relaxed.status == "optimal" and cost <= lower
+    rel_gap = 0.0 if cost <= 0 else (cost - lower) / cost
+    extra = {"peak": best_peak, "peak_budget": peak_budget, "gap": rel_gap,
+             "relaxation_status": relaxed.status, "relaxation_bound": relaxed.bound,
+             "found_by": best_plan.solver, "local_search": best_plan.solver == "local-search",
+             "floor": peak_lower_bound(problem)}
+    return replace(best_plan, solver="cpsat-peak", budget=budget, solve_time_s=elapsed,
+                   status=Status.OPTIMAL if closed else Status.FEASIBLE,
+                   objective=cost, bound=lower, extra=extra,
+                   message=f"simulated peak {best_peak} bytes (peak budget {peak_budget}); "
+                           f"plan by {best_plan.solver}; recompute cost within {rel_gap:.2%} of the "
+                           "proven bound")
 
 
 def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, *,

@@ -1,0 +1,92 @@
+"""The peak relaxation (solvers.peak_bound) is a relaxation: its live bytes never exceed the exact
+simulation's, and its optimum never exceeds the true least cost (brute force) at a peak budget."""
+
+import itertools
+import random
+
+from solvers import Problem, recompute_closure
+from solvers.liveness import simulate_plan
+from solvers.mip_model import build_model, presolve
+from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.peak_bound import peak_rows, relaxed_live, solve_relaxation
+from solvers.problem import PlanError, Role, Status, plan_from_saved
+from solvers.random_problems import random_problem
+
+
+def _problem(seed):
+    rng = random.Random(seed)
+    p = random_problem(seed, n_forward=rng.randint(4, 9), view_prob=0.2, either_prob=0.2,
+                       n_backward=rng.randint(3, 8))
+    fw = [n.name for n in p.nodes if n.role is Role.FORWARD]
+    bw = [n.name for n in p.nodes if n.role is Role.BACKWARD]
+    return Problem(p.nodes, forward_outputs=frozenset(fw[-1:]), backward_outputs=frozenset(rng.sample(bw, 2)))
+
+
+def _valid_plans(p):
+    choices = [n.name for n in p.candidates if p.can_save(n.name)]
+    for r in range(len(choices) + 1):
+        for combo in itertools.combinations(choices, r):
+            try:
+                yield plan_from_saved(p, combo, solver="brute", status=Status.FEASIBLE)
+            except PlanError:
+                continue
+
+
+def test_relaxed_live_bytes_never_exceed_the_simulation():
+    checked = 0
+    for seed in range(60):
+        p = _problem(seed)
+        rows = peak_rows(p)
+        backward = [n.name for n in p.nodes if n.role is Role.BACKWARD]
+        for plan in itertools.islice(_valid_plans(p), 200):
+            curve = simulate_plan(p, plan.saved)
+            at = {name: live for phase, name, live in curve.steps if phase == "backward"}
+            relaxed = relaxed_live(p, rows, set(plan.saved), set(plan.recomputed))
+            for k, name in enumerate(backward):
+                assert relaxed[k] <= at[name], (seed, sorted(plan.saved), name)
+            checked += 1
+    assert checked > 500
+
+
+def test_relaxation_bound_is_below_the_true_optimum():
+    tight = total = 0
+    for seed in range(60):
+        p = _problem(seed)
+        everything = [n.name for n in p.candidates if p.can_save(n.name)]
+        if recompute_closure(p, everything)[1]:
+            continue
+        plans = [(plan, simulate_plan(p, plan.saved).peak) for plan in _valid_plans(p)]
+        top = max(peak for _, peak in plans)
+        model = presolve(p, build_model(p))
+        rows = peak_rows(p)
+        for frac in (1.0, 0.85, 0.7, 0.55):
+            budget = int(top * frac)
+            fits = [plan.recompute_cost for plan, peak in plans if peak <= budget]
+            relaxed = solve_relaxation(p, model, rows, budget, time_limit_s=5)
+            if not fits:
+                continue  # the relaxation may or may not see it: it only under-counts
+            total += 1
+            assert relaxed.status != "infeasible", (seed, budget)
+            assert relaxed.bound is not None and relaxed.bound <= min(fits) + 1e-12, (seed, budget)
+            tight += relaxed.bound >= min(fits) - 1e-12
+            # the solve's reported bound is the relaxation's and its plan fits
+            plan = solve_peak(p, budget, time_limit_s=5)
+            assert plan.bound <= min(fits) + 1e-12 <= plan.recompute_cost + 2e-12
+            assert simulate_plan(p, plan.saved).peak <= budget
+    assert total > 50
+    assert tight >= 0.5 * total, (tight, total)  # measured: most bounds are the optimum itself
+
+
+def test_relaxation_proves_budgets_infeasible():
+    # below the floor of every plan the relaxation admits nothing, and says so
+    for seed in range(20):
+        p = _problem(seed)
+        if recompute_closure(p, [n.name for n in p.candidates if p.can_save(n.name)])[1]:
+            continue
+        smallest = min(simulate_plan(p, plan.saved).peak for plan in _valid_plans(p))
+        try:
+            solve_peak(p, smallest - 1, time_limit_s=3)
+        except PeakInfeasibleError as exc:
+            assert exc.min_peak is None or exc.min_peak >= smallest
+        else:
+            raise AssertionError(f"seed {seed}: a plan under the smallest peak {smallest}")
