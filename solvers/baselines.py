@@ -259,6 +259,11 @@ def knapsack_baseline(problem: Problem, budget: int | None, *, solver: str = "gr
 
 # ---- block checkpointing: torch.utils.checkpoint ----------------------------------------------
 
+# cut widths (times the narrowest) tried in turn for block boundaries; 2x takes in both residual
+# values of a pre-norm transformer block (after attention and after the MLP)
+NARROW_CUT_WIDTHS = (1.0, 1.5, 2.0, 3.0)
+
+
 def block_boundaries(problem: Problem) -> tuple[list[str], str]:
     """Candidate checkpoints in topological order, and how they were found.
 
@@ -310,9 +315,14 @@ def block_boundaries(problem: Problem) -> tuple[list[str], str]:
     # Graph inputs enter every block (a transformer's weights, its rotary tables), so paths from
     # them bypass the blocks' outputs and nothing inside dominates: the values crossing the
     # forward's narrowest cuts (the residual stream) are the block boundaries then
-    narrow = [v for v in narrow_cut_values(problem) if problem.can_save(v) and v != loss]
-    if len(narrow) > 1:
-        return narrow, "narrow cuts"
+    # the narrowest cuts may all sit at one end (a big model's loss head: a cut there is narrower
+    # than the residual stream); widen until the boundaries spread over the forward
+    forward_pos = {n.name: i for i, n in enumerate(fwd)}
+    for widest in NARROW_CUT_WIDTHS:
+        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0) if problem.can_save(v) and v != loss]
+        points = [0] + sorted(forward_pos[v] for v in narrow) + [len(fwd)]
+        if len(narrow) > 1 and max(b - a for a, b in zip(points, points[1:])) <= len(fwd) // 2:
+            return narrow, "narrow cuts"
     if bounds:
         return bounds, "dominators"
     topo = [n.name for n in fwd if n.role is Role.FORWARD and n.name != loss

@@ -229,12 +229,13 @@ def peak_lower_bound(problem: Problem) -> int:
     return max(forward_floor, backward_floor)
 
 
-def narrow_cut_values(problem: Problem, widest: float = 1.0) -> list[str]:
+def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool = False) -> list[str]:
     """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
     bytes computed so far are still needed later (up to ``widest`` times that width). In a network
     of blocks the narrowest are the values between blocks (a transformer's residual stream): the
     classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
-    crosses)."""
+    crosses). ``largest_only``: per narrow cut only its largest value (the residual stream, not
+    the small statistics alive beside it)."""
     forward = [n for n in problem.nodes if n.role is Role.FORWARD]
     position = {n.name: i for i, n in enumerate(forward)}
     last: dict[str, int] = {}
@@ -260,6 +261,21 @@ def narrow_cut_values(problem: Problem, widest: float = 1.0) -> list[str]:
     narrow_before = [0]  # narrow_before[t]: narrowest positions before t
     for w in width:
         narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
+    if largest_only:  # per narrow position, the largest value alive across it
+        import heapq
+        starts: dict[int, list] = {}
+        for n in crossing:
+            starts.setdefault(position[n.name], []).append(n)
+        heap: list[tuple[int, int, str]] = []
+        chosen: set[str] = set()
+        for t in range(len(forward)):
+            for n in starts.get(t, ()):
+                heapq.heappush(heap, (-size[n.name], position[n.name], n.name))
+            while heap and last[heap[0][2]] <= t:
+                heapq.heappop(heap)
+            if 0 < width[t] <= narrow * widest and heap:
+                chosen.add(heap[0][2])
+        return [n.name for n in crossing if n.name in chosen]
     # crosses a narrowest cut: alive across some position of that width
     return [n.name for n in crossing
             if narrow_before[last[n.name]] > narrow_before[position[n.name]]]

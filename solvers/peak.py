@@ -60,6 +60,7 @@ SHRINK_SHARE = 0.3
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
 # finds its plans in time (measured: nothing at 32 layers)
 STAGE_MODEL_MAX_VALUES = 600
+_DEBUG = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
 
 
 class PeakInfeasibleError(InfeasibleError):
@@ -236,6 +237,9 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
             return None
         tried.append(plan.saved)
         peak = simulate_plan(problem, plan.saved).peak
+        if _DEBUG:
+            print(f"[peak] {how}: cost {plan.recompute_cost:.6g} peak {peak} budget {peak_budget} "
+                  f"bound {lower:.6g} t={time.perf_counter() - start:.1f}s", flush=True)
         if (peak <= peak_budget and (budget is None or plan.saved_bytes <= budget)
                 and (best_plan is None or (plan.recompute_cost, plan.saved_bytes)
                      < (best_plan.recompute_cost, best_plan.saved_bytes))):
@@ -249,19 +253,33 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     if relaxed.saved is not None:
         peak = offer(relaxed.saved, "relaxation")
         overshoot = 0 if peak is None else peak - peak_budget
-    # the relaxation at budgets lowered by what its plans overshoot the exact simulation
-    target, hint = peak_budget, relaxed.saved
+    # plans that fit: the relaxation re-solved at budgets lowered by what its plans overshoot the
+    # exact simulation, then bisected between the highest budget whose plan did not fit and the
+    # lowest whose plan did; on repeated layers, one decision per position (a far smaller program)
+    primal = _tied_model(problem, model)
+    fits_at, over_at = None, peak_budget if overshoot > 0 else None
+    target, hint = peak_budget - overshoot, relaxed.saved
     shrink_until = time.perf_counter() + SHRINK_SHARE * time_limit_s
-    while overshoot > 0 and not done() and time.perf_counter() < shrink_until:
-        target -= overshoot
-        again = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
-                                 time_limit_s=min(shrink_until - time.perf_counter(), left()),
+    while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5:
+        again = solve_relaxation(problem, primal, rows, target, budget, threads=threads, seed=seed,
+                                 time_limit_s=min(shrink_until - time.perf_counter(), left(),
+                                                  max(1.0, 0.1 * time_limit_s)),
                                  hint_saved=set(hint) if hint is not None else None)
-        if again.saved is None:
+        peak = None if again.saved is None else offer(again.saved, "relaxation")
+        if peak is not None and peak <= peak_budget:
+            fits_at, hint = target, again.saved
+        else:
+            over_at = target
+            if peak is not None:
+                hint = again.saved
+        if fits_at is None:
+            target -= max(peak - peak_budget if peak is not None else 0, peak_budget // 100)
+        elif over_at - fits_at <= peak_budget // 200:
             break
-        peak = offer(again.saved, "relaxation")
-        overshoot = 0 if peak is None else peak - peak_budget
-        hint = again.saved
+        else:
+            target = (fits_at + over_at) // 2
+        if target <= 0:
+            break
     attempts: list[frozenset[str]] = []
     if not done() and len(problem.candidates) <= STAGE_MODEL_MAX_VALUES and left() > 0:
         try:
@@ -302,6 +320,21 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                    message=f"simulated peak {best_peak} bytes (peak budget {peak_budget}); "
                            f"plan by {best_plan.solver}; recompute cost within {rel_gap:.2%} of the "
                            "proven bound")
+
+
+def _tied_model(problem: Problem, model):
+    """The program with one decision per repeated-layer position (the last layer free), or the
+    program itself when the graph has no repeated layers."""
+    from .mip_model import tie
+    from .symmetry import find_repeated
+
+    groups = [g[:-1] for g in find_repeated(problem).groups if len(g) > 2]
+    if not groups:
+        return model
+    try:
+        return tie(model, groups)
+    except InfeasibleError:
+        return model
 
 
 def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, *,
@@ -605,6 +638,13 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
         except InfeasibleError:
             continue
         out.append((plan, simulate_plan(problem, plan.saved).peak))
+    from .baselines import uniform_checkpoint
+    for every in (1, 2, 4, 8):  # what torch.utils.checkpoint every k-th block does
+        try:
+            plan = uniform_checkpoint(problem, None, every=every)
+        except (PlanError, InfeasibleError):
+            continue
+        out.append((plan, simulate_plan(problem, plan.saved).peak))
     return out + _checkpoint_plans(problem)
 
 
@@ -623,7 +663,7 @@ def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     values: dict[float, list[str]] = {}
     for widest, k in CHECKPOINT_STARTS:
         if widest not in values:
-            values[widest] = narrow_cut_values(problem, widest)
+            values[widest] = narrow_cut_values(problem, widest, largest_only=widest > 1.0)
         saved = {v for v in values[widest][::k] if problem.can_save(v)} | free
         for _ in range(4):  # values that cannot be recomputed (dropout) are saved where needed
             recomputed, _ = recompute_closure(problem, saved)
