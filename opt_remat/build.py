@@ -135,6 +135,7 @@ def build_problem(
     nodes: list[Node] = []
     required: set[str] = set()
     ban_reasons: dict[str, str] = {}
+    tagged_recompute: set[str] = set()  # storage owners tagged to be recomputed
     storage_of: dict[int, str] = {}  # fake storage key -> the first node name that owns it
     storage_bytes: dict[str, int] = {}
     for node in joint_module.graph.nodes:
@@ -193,6 +194,12 @@ def build_problem(
                 ban_reasons[node.name] = reason
             # conflicts with bans are settled below, once every input is known
             must_recompute = tp.must_recompute(node)
+            if not must_recompute and node.meta.get("recompute") is None and storage in tagged_recompute:
+                # an untagged alias (detach, view) of a value tagged to be recomputed: saving it
+                # would save the tagged value's storage, against its tag
+                must_recompute = True
+            if must_recompute and storage is None:
+                tagged_recompute.add(node.name)
 
         cost = 0.0
         if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
