@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -20,6 +21,8 @@ from .build import build_problem, classify, prepare_joint
 from .costs import DeviceProfile, get_profile
 from .lower import lower_plan
 from .solve import choose_peak_plan, choose_plan, resolve_budget
+from .tags import must_save_values, realized_plan, require_must_saves
+from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
 
 TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the same interface
@@ -60,15 +63,17 @@ class Partitioner:
             raise ValueError(f"peak_budget is bytes (an int or a string such as '200MiB'), got {self.peak_budget!r}")
         self._peak_bytes = peak
         self.profile = get_profile(self.device)
+        self._noted_override = False  # the explicit-budget note is given once per partitioner
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
         from solvers.registry import available
         if self.solver not in available() + [TORCH_SOLVER]:
             raise ValueError(f"unknown solver {self.solver!r}; available: "
                              f"{', '.join(available() + [TORCH_SOLVER])}")
 
-    def solver_options(self) -> dict[str, Any]:
+    def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
+        """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
         opts = dict(self.options)
-        if self.solver == "mincut" and self.budget is None:
+        if self.solver == "mincut" and budget is None:
             lam = opts.get("lam", "auto")
             opts["lam"] = AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth if lam == "auto" else float(lam)
         return opts
@@ -84,18 +89,26 @@ class Partitioner:
                                         static_lifetime_input_indices=static_lifetime_input_indices)
         problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile,
                                 count_input_bytes=self.count_input_bytes, node_info=info)
-        budget = resolve_budget(
-            problem, self.budget,
-            top_anchor=lambda: problem.saved_bytes(torch_runtime_optimized_saved(joint_module, info)))
+        requested = self._budget_in_force(joint_module, info)
         if self.solver == TORCH_SOLVER and self._plan_data is None:
-            return self._torch_partition(joint_module, joint_inputs, info, problem, budget,
+            budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
+                torch_runtime_optimized_saved(joint_module, info)))
+            return self._torch_partition(joint_module, joint_inputs, info, problem, budget, requested,
                                          num_fwd_outputs, static_lifetime_input_indices, start)
         if self._plan_data is not None:
+            budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
+                torch_runtime_optimized_saved(joint_module, info)))
             plan = apply_plan(self._plan_data, problem, source=str(self.plan))
-        elif self._peak_bytes is not None:
-            plan = choose_peak_plan(problem, self.solver, self._peak_bytes, budget, self.options)
         else:
-            plan = choose_plan(problem, self.solver, budget, self.solver_options())
+            # MUST_SAVE values are spent bytes to the solver; the plan is then read on the problem
+            steer = require_must_saves(problem, must_save_values(joint_module))
+            budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
+                torch_runtime_optimized_saved(joint_module, info)))
+            if self._peak_bytes is not None:
+                plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options)
+            else:
+                plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
+            plan = realized_plan(problem, plan)
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
@@ -103,12 +116,24 @@ class Partitioner:
         return fw_module, bw_module
 
 
+    def _budget_in_force(self, joint_module: fx.GraphModule, info: tp.NodeInfo) -> int | float | str | None:
+        """``budget=`` if given (noting once that it overrides torch's settings), else torch's."""
+        if self.budget is not None:
+            if not self._noted_override and torch_budget_is_set(joint_module):
+                self._noted_override = True
+                warnings.warn(f"opt-remat: budget={self.budget!r} was given, so torch's memory budget "
+                              f"settings ({GLOBAL_SETTING}, {REGION_SETTING}) are ignored",
+                              stacklevel=3)
+            return self.budget
+        found = torch_budget(joint_module, info)
+        return None if found is None else found.fraction
+
     def _torch_partition(self, joint_module: fx.GraphModule, joint_inputs: Any, info: tp.NodeInfo,
-                         problem: Problem, budget: int | None, num_fwd_outputs: int,
-                         static_lifetime_input_indices: list[int] | None,
+                         problem: Problem, budget: int | None, requested: int | float | str | None,
+                         num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None,
                          start: float) -> tuple[fx.GraphModule, fx.GraphModule]:
         """torch's own partitioner at the requested fraction (or the one that fits the bytes)."""
-        parsed = parse_budget(self.budget)
+        parsed = parse_budget(requested)
         fraction = float(parsed) if isinstance(parsed, Fraction) else None
         plan = torch_plan(joint_module, info, problem, budget, fraction=fraction)
         with functorch_config.patch(activation_memory_budget=plan.extra["torch_fraction"]):
@@ -127,7 +152,9 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
-    torch's ``activation_memory_budget``. ``options`` go to the solver (e.g. ``lam`` for mincut,
+    torch's ``activation_memory_budget``; without it, torch's own settings apply
+    (``torch._functorch.config.activation_memory_budget`` and
+    ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none). ``options`` go to the solver (e.g. ``lam`` for mincut,
     ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp; ``symmetry="warm"`` or
     ``"tie"`` for cpsat/milp on models of repeated layers, see ``solvers.mip.solve_mip``). ``plan``: a JSON plan
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.

@@ -3,13 +3,13 @@
 Nodes are classified as torch's partitioner does (``classify_nodes``); sizes come from
 ``meta["val"]`` (symbolic sizes through their hints), storages from the fake tensors' storages
 (views share their base's), and bans from random ops, ops with side effects, collectives,
-non-aten ops and the ``recompute`` tags of selective activation checkpointing.
+non-aten ops and the ``recompute`` tags of selective activation checkpointing (their conflicts
+with bans are settled in ``tags``).
 """
 
 from __future__ import annotations
 
 import operator
-import warnings
 from typing import Any, Mapping
 
 import torch
@@ -23,6 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from solvers import Node, Problem, Role
 
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+from .tags import resolve_tag_conflicts
 
 
 class GraphError(ValueError):
@@ -99,7 +100,9 @@ def _module_path(node: fx.Node) -> str:
 def _meta_val(node: fx.Node) -> Any:
     if "val" in node.meta:
         return node.meta["val"]
-    if node.op in ("placeholder", "call_function"):
+    if node.op == "placeholder":
+        return None  # a None or opaque Python input: nothing to size, nothing to decide
+    if node.op == "call_function":
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
                 and len(node.target._schema.returns) == 0:
             return None
@@ -131,6 +134,8 @@ def build_problem(
 
     nodes: list[Node] = []
     required: set[str] = set()
+    ban_reasons: dict[str, str] = {}
+    tagged_recompute: set[str] = set()  # storage owners tagged to be recomputed
     storage_of: dict[int, str] = {}  # fake storage key -> the first node name that owns it
     storage_bytes: dict[str, int] = {}
     for node in joint_module.graph.nodes:
@@ -185,12 +190,16 @@ def build_problem(
         if role in (Role.FORWARD, Role.EITHER):
             reason = _ban_reason(node, op_types)
             banned = reason is not None
-            if tp.must_recompute(node):
-                if banned:
-                    warnings.warn(f"opt-remat: {node.name} ({node.target}) is tagged to be recomputed "
-                                  f"but is a {reason}; it will be saved instead", stacklevel=2)
-                else:
-                    must_recompute = True
+            if banned:
+                ban_reasons[node.name] = reason
+            # conflicts with bans are settled below, once every input is known
+            must_recompute = tp.must_recompute(node)
+            if not must_recompute and node.meta.get("recompute") is None and storage in tagged_recompute:
+                # an untagged alias (detach, view) of a value tagged to be recomputed: saving it
+                # would save the tagged value's storage, against its tag
+                must_recompute = True
+            if must_recompute and storage is None:
+                tagged_recompute.add(node.name)
 
         cost = 0.0
         if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
@@ -211,6 +220,7 @@ def build_problem(
             op=str(node.target) if node.op == "call_function" else node.op,
             module=_module_path(node),
         ))
+    nodes = resolve_tag_conflicts(nodes, ban_reasons)
     return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storage_bytes,
                    count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
