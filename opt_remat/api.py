@@ -105,7 +105,8 @@ class Partitioner:
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
             if self._peak_bytes is not None:
-                plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options)
+                plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options,
+                                        default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth)
             else:
                 plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
             plan = realized_plan(problem, plan)

@@ -44,18 +44,27 @@ class PeakBudgetError(ValueError):
 
 
 def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: int | None,
-                     options: dict[str, Any] | None = None) -> Plan:
-    """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``)."""
+                     options: dict[str, Any] | None = None, *,
+                     default_lam: float | None = None) -> Plan:
+    """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
+    ``default_lam``: the min-cut plan at that ``lam`` (the default path's plan) is a candidate."""
     options = dict(options or {})
+    candidates = []
+    if default_lam is not None:
+        try:
+            candidates.append(solve_mincut(problem, default_lam).saved)
+        except InfeasibleError:
+            pass
     try:
         if solver in ("cpsat", "milp"):
             if solver == "milp":
                 warnings.warn("opt-remat: peak budgets are solved with CP-SAT (the peak model has no "
                               "PuLP form yet)", stacklevel=2)
-            keep = {k: options[k] for k in ("time_limit_s", "threads", "seed", "stages") if k in options}
-            plan = solve_peak(problem, peak_budget, budget, **keep)
+            keep = {k: options[k] for k in ("time_limit_s", "threads", "seed", "stages", "gap")
+                    if k in options}
+            plan = solve_peak(problem, peak_budget, budget, candidates=candidates, **keep)
         elif solver == "mincut":
-            plan = mincut_under_peak(problem, peak_budget, budget)
+            plan = mincut_under_peak(problem, peak_budget, budget, candidates=candidates)
         else:
             raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
     except PeakInfeasibleError as exc:

@@ -208,13 +208,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     def left() -> float:
         return max(0.0, deadline - time.perf_counter())
 
-    frontier = _frontier(problem)
-    for saved in ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates]:
-        try:
-            plan = plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC)
-        except PlanError:
-            continue
-        frontier.append((plan, simulate_plan(problem, plan.saved).peak))
+    frontier = _frontier(problem) + _candidate_plans(
+        problem, ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates])
     best = _cheapest_fitting(frontier, peak_budget, budget)
     best_plan, best_peak = (best[0], best[1]) if best is not None else (None, None)
 
@@ -320,6 +315,18 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                    message=f"simulated peak {best_peak} bytes (peak budget {peak_budget}); "
                            f"plan by {best_plan.solver}; recompute cost within {rel_gap:.2%} of the "
                            "proven bound")
+
+
+def _candidate_plans(problem: Problem, saved_sets: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
+    """Callers' plans (the default path's, torch's) with their simulated peaks; invalid ones skipped."""
+    out = []
+    for saved in saved_sets:
+        try:
+            plan = plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC)
+        except PlanError:
+            continue
+        out.append((plan, simulate_plan(problem, plan.saved).peak))
+    return out
 
 
 def _tied_model(problem: Problem, model):
@@ -724,11 +731,12 @@ def _first_need_stage(problem: Problem, lay: _Layout, saved: set[str]) -> dict[s
     return stage
 
 
-def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None) -> Plan:
-    """The cheapest frontier plan (min-cut or checkpointing) whose simulated peak fits: fast, not
-    proven optimal."""
+def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
+                      candidates: Iterable[Iterable[str]] = ()) -> Plan:
+    """The cheapest frontier plan (min-cut or checkpointing, or one of ``candidates``) whose
+    simulated peak fits: fast, not proven optimal."""
     start = time.perf_counter()
-    frontier = _frontier(problem)
+    frontier = _frontier(problem) + _candidate_plans(problem, candidates)
     best = _cheapest_fitting(frontier, peak_budget, budget)
     if best is None:
         raise _infeasible(problem, peak_budget, frontier)
