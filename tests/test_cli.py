@@ -74,7 +74,7 @@ def test_run_writes_every_report(tiny_run):
         assert r["saved_bytes"] <= r["budget_bytes"]
         assert r["measured_saved_bytes"] == r["saved_bytes"]  # what the forward really hands over
         assert r["verified"] is True and r["bitwise"] is True  # gradients equal save-all's
-        plan = json.loads((out / r["plan_file"]).read_text())
+        plan = json.loads((out / r["plan_file"]).read_text())["graphs"][0]
         assert plan["saved_bytes"] == r["saved_bytes"] and plan["nodes"]
     # the CSV has every figure, one row per pair
     lines = (out / "results.csv").read_text().splitlines()
@@ -185,13 +185,17 @@ def test_solve_show_and_apply_plan_in_training(tiny_run, tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert main(["solve", str(path), "--solver", "mincut", "--budget", "0.5", "-o", str(plan_path)]) == 0
     assert "apply it in training with" in capsys.readouterr().out
-    plan = json.loads(plan_path.read_text())
-    assert plan["solver"] == "mincut" and plan["graph_hash"] and plan["recomputed"]
+    doc = json.loads(plan_path.read_text())
+    plan = doc["graphs"][0]
+    assert plan["solver"] == "mincut" and plan["graph_id"] and plan["recomputed"]
+    assert doc["made_for"]["capture"] == {"compiler": "eager", "decompositions": "inductor", "meta": False}
     assert all("op" in plan["nodes"][n] and "module" in plan["nodes"][n] for n in plan["saved"])
 
     assert main(["show", str(plan_path)]) == 0
     text = capsys.readouterr().out
     assert "saved by op:" in text and "recomputed by op:" in text and "addmm" in text
+    assert "opt_remat.models:mlp(d_in=16, hidden=32, layers=2)" in text and "float32[4, 16]" in text
+    assert "compiler=eager, decompositions=inductor" in text and f"torch {torch.__version__}" in text
 
     # the plan applied to the same model gives save-all's gradients ...
     torch.manual_seed(0)
