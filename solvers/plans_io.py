@@ -112,7 +112,7 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        cut = exc.pos >= len(text.rstrip())
+        cut = text.lstrip().startswith("{") and not text.rstrip().endswith("}")  # a document cut short
         raise PlanMismatchError(
             f"plan file {where} is {'truncated' if cut else 'not valid JSON'} (line {exc.lineno}, column "
             f"{exc.colno}: {exc.msg}); write it again with opt-remat solve") from None
