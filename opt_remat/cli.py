@@ -1,7 +1,7 @@
 """The ``opt-remat`` command line.
 
     opt-remat run CONFIG [--set key=value ...] [--jobs N] [--executor process|ray]
-    opt-remat solve CONFIG --solver S [--budget B] -o plan.json [--set key=value ...]
+    opt-remat solve CONFIG [--solver S] [--budget B] -o plan.json [--set key=value ...]
     opt-remat show plan.json
     opt-remat compare runs/a runs/b
     opt-remat demo [--model gpt2] [--solvers mincut cpsat] [--budget 0.5]
@@ -136,7 +136,8 @@ def _solve(args: argparse.Namespace) -> int:
             raise UsageError(f"--budget {args.budget}: {exc.detail}") from None
         raise
     options: dict[str, Any] = {}
-    name = args.solver
+    name = args.solver or cfg.solvers[0].label  # default: the config's first solver
+    args.solver = name
     for spec in cfg.solvers:  # a solver listed in the config brings its options
         if spec.label == args.solver or (spec.name == args.solver and not options):
             name, options = spec.name, dict(spec.options)
@@ -344,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
     solve.add_argument("config")
-    solve.add_argument("--solver", required=True, help="a solver name or a label from the config")
+    solve.add_argument("--solver", default=None,
+                       help="a solver name or a label from the config; default: the config's first solver")
     solve.add_argument("--budget", default=None,
                        help="a budget as the config's budgets are written: a fraction (0.5), bytes ('2MiB'), "
                             "or a peak ('{peak: 700KiB}'); default: every budget of the config, a plan file each")

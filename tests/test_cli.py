@@ -221,6 +221,33 @@ def test_solve_show_and_apply_plan_in_training(tiny_run, tmp_path, capsys):
     assert "made for a different graph" in str(mismatch[0]) and "solve again" in str(mismatch[0])
 
 
+def test_solve_budgets_as_yaml_reads_them(tiny_run, tmp_path, capsys):
+    path, _ = tiny_run
+    # a float above 1 is refused with the config's own message, not read as 2 bytes
+    assert main(["solve", str(path), "--solver", "mincut", "--budget", "2.0", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("budgets: [0.5, 0.2]", "budgets: [2.0]"))
+    assert main(["run", str(bad)]) == 2
+    yaml_err = capsys.readouterr().err.strip()
+    detail = yaml_err.split("budgets[0]: ", 1)[1]
+    assert err.endswith("--budget 2.0: " + detail) and "fraction in [0, 1]" in detail
+    assert not (tmp_path / "p.json").exists() and len(err.splitlines()) == 1
+    # a peak budget, as YAML writes it (the config's first solver by default)
+    out = tmp_path / "peak.json"
+    assert main(["solve", str(path), "--budget", "{peak: 64KiB}", "-o", str(out)]) == 0
+    entry = json.loads(out.read_text())["graphs"][0]
+    assert entry["solver"].startswith("mincut") and entry["peak_budget"] == 65536
+    assert entry["peak_bytes"] <= 65536
+    # no --budget: every budget of the config, a plan file each
+    out = tmp_path / "all.json"
+    assert main(["solve", str(path), "--solver", "mincut", "-o", str(out)]) == 0
+    files = {p.name: json.loads(p.read_text())["graphs"][0] for p in tmp_path.glob("all-*.json")}
+    assert set(files) == {"all-0.5.json", "all-0.2.json"}
+    assert files["all-0.2.json"]["saved_bytes"] <= files["all-0.5.json"]["saved_bytes"]
+    assert files["all-0.5.json"]["budget_spec"] == 0.5
+
+
 def test_solve_errors(tiny_run, tmp_path, capsys):
     path, _ = tiny_run
     out = tmp_path / "p.json"
