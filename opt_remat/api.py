@@ -117,6 +117,8 @@ class Partitioner:
                          static_lifetime_input_indices: list[int] | None,
                          start: float) -> tuple[fx.GraphModule, fx.GraphModule]:
         """torch's own partitioner at the requested fraction (or the one that fits the bytes)."""
+        values = canonical_values(joint_module, self.input_roles)  # before torch's partitioner edits the graph
+        gid = graph_id(joint_module, values)
         parsed = parse_budget(self.budget)
         fraction = float(parsed) if isinstance(parsed, Fraction) else None
         plan = torch_plan(joint_module, info, problem, budget, fraction=fraction)
@@ -125,7 +127,7 @@ class Partitioner:
                 joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                 static_lifetime_input_indices=static_lifetime_input_indices)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start, values, graph_id(joint_module, values)))
+                                            time.perf_counter() - start, values, gid))
         return fw_module, bw_module
 
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
