@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch.fx as fx
 from torch._functorch import config as functorch_config
@@ -15,9 +16,10 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
 from solvers.budget import Fraction, parse_budget
-from solvers.plans_io import apply_plan, read_plan_file
+from solvers.plans_io import read_plan_file
 
 from .build import build_problem, classify, prepare_joint
+from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
 from .lower import lower_plan
 from .solve import choose_peak_plan, choose_plan, resolve_budget
@@ -42,6 +44,8 @@ class PartitionRecord:
     bw_module: fx.GraphModule
     num_fwd_outputs: int
     seconds: float
+    values: list[dict[str, Any]] = field(default_factory=list)  # canonical values (opt_remat.canonical)
+    graph_id: str = ""
 
 
 @dataclass
@@ -55,6 +59,9 @@ class Partitioner:
     plan: str | Path | None = None  # a plan saved by ``opt-remat solve``: applied instead of solving
     peak_budget: int | str | None = None  # bytes of the step's peak live memory
     history: list[PartitionRecord] = field(default_factory=list)
+    # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
+    input_roles: list[str] | None = None
+    settings: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         parse_budget(self.budget)  # fail early on a budget that does not parse
@@ -95,10 +102,13 @@ class Partitioner:
                 torch_runtime_optimized_saved(joint_module, info)))
             return self._torch_partition(joint_module, joint_inputs, info, problem, budget, requested,
                                          num_fwd_outputs, static_lifetime_input_indices, start)
+        values = canonical_values(joint_module, self.input_roles)
         if self._plan_data is not None:
+            from .plans import match_plan
             budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
-            plan = apply_plan(self._plan_data, problem, source=str(self.plan))
+            plan = match_plan(self._plan_data, joint_module, self.input_roles, problem, settings=self.settings,
+                              source=f"plan file {self.plan}")
         else:
             # MUST_SAVE values are spent bytes to the solver; the plan is then read on the problem
             steer = require_must_saves(problem, must_save_values(joint_module))
@@ -113,7 +123,7 @@ class Partitioner:
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start))
+                                            time.perf_counter() - start, values, graph_id(joint_module, values)))
         return fw_module, bw_module
 
 
@@ -134,6 +144,8 @@ class Partitioner:
                          num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None,
                          start: float) -> tuple[fx.GraphModule, fx.GraphModule]:
         """torch's own partitioner at the requested fraction (or the one that fits the bytes)."""
+        values = canonical_values(joint_module, self.input_roles)  # before torch's partitioner edits the graph
+        gid = graph_id(joint_module, values)
         parsed = parse_budget(requested)
         fraction = float(parsed) if isinstance(parsed, Fraction) else None
         plan = torch_plan(joint_module, info, problem, budget, fraction=fraction)
@@ -142,9 +154,8 @@ class Partitioner:
                 joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                 static_lifetime_input_indices=static_lifetime_input_indices)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start))
+                                            time.perf_counter() - start, values, gid))
         return fw_module, bw_module
-
 
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
@@ -187,6 +198,9 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
     "inductor" or none); a callable is used as AOTAutograd's forward and backward compiler. The partitioner is reachable as ``backend_fn.partitioner``.
     """
     pfn = partition_fn or partitioner(solver, budget, **options)
+    if isinstance(pfn, Partitioner):
+        pfn.settings = {"compiler": compiler if isinstance(compiler, str) else "custom",
+                        "decompositions": "inductor" if compiler == "inductor" else decompositions}
     if compiler == "inductor":
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
@@ -196,7 +210,7 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             # a cache hit would skip the partitioner (and its solver settings) altogether
             with inductor_config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
-                    functorch_config.patch(enable_autograd_cache=False):
+                    functorch_config.patch(enable_autograd_cache=False), _roles_of(pfn, gm):
                 return compile_fx(gm, example_inputs)
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
@@ -209,9 +223,28 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         graph_compiler = boxed_nop if compiler == "eager" else compiler
         eager = aot_autograd(fw_compiler=graph_compiler, bw_compiler=graph_compiler, partition_fn=pfn,
                              decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
-        eager.partitioner = pfn  # type: ignore[attr-defined]
-        return eager
+
+        def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            with _roles_of(pfn, gm):
+                return eager(gm, example_inputs)
+
+        eager_backend.partitioner = pfn  # type: ignore[attr-defined]
+        return eager_backend
     raise ValueError(f"compiler must be 'inductor', 'eager' or a graph compiler, got {compiler!r}")
+
+
+@contextlib.contextmanager
+def _roles_of(pfn: Any, gm: fx.GraphModule) -> Iterator[None]:
+    """Tell the partitioner what each input of the graph being compiled is (parameter, buffer, user
+    input), so plans can be matched by canonical ids; AOTAutograd keeps the inputs' order."""
+    if not isinstance(pfn, Partitioner):
+        yield
+        return
+    pfn.input_roles = input_roles(gm)
+    try:
+        yield
+    finally:
+        pfn.input_roles = None
 
 
 class _OptRematPartitionFn(CustomPartitionerFn):

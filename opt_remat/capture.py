@@ -1,6 +1,11 @@
-"""Stage 1: capture the joint forward+backward graph that AOTAutograd hands to a partitioner.
+"""Stage 1: capture the joint forward+backward graphs that ``torch.compile`` hands to a partitioner.
 
-With ``meta=True`` the model is built and traced under a FakeTensorMode: sizes, dtypes and flops are
+The capture follows torch.compile's own path (Dynamo, then AOTAutograd with the backend's
+decompositions; for ``compiler="inductor"`` inductor's AOTAutograd and joint-graph passes), so a plan
+solved on a captured graph is a plan for the graph training will see. With graph breaks there is one
+joint graph per compiled region.
+
+With ``meta=True`` the model is built and run under a FakeTensorMode: sizes, dtypes and flops are
 exact, but no weight or activation memory is allocated, so a LLaMA-7B-sized step can be planned on a
 laptop. Fake tensors keep the CPU device (not ``meta``) so that ops dispatch as in a real capture:
 on the meta device SDPA falls back to its unfused math form and the graph would differ.
@@ -11,15 +16,13 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
-from torch._functorch.aot_autograd import aot_function
-from torch._functorch.compilers import nop
-from torch._functorch.partitioners import default_partition
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.func import functional_call
+
+from .canonical import input_roles
 
 
 @dataclass
@@ -27,11 +30,17 @@ class JointGraph:
     module: fx.GraphModule
     num_fwd_outputs: int
     static_lifetime_input_indices: list[int] | None
+    input_roles: list[str] | None = None  # per primal: "param NAME", "buffer NAME" or "input NAME"
 
     def copy(self) -> "JointGraph":
         """A deep copy: partitioners mutate the graph they are given."""
         return JointGraph(copy.deepcopy(self.module), self.num_fwd_outputs,
-                          list(self.static_lifetime_input_indices or []))
+                          list(self.static_lifetime_input_indices or []),
+                          list(self.input_roles) if self.input_roles is not None else None)
+
+
+class CaptureError(ValueError):
+    """A step that cannot be captured as asked (e.g. several graphs where one is needed)."""
 
 
 @contextlib.contextmanager
@@ -47,46 +56,136 @@ def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def capture(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
-            decompositions: str | Mapping | None = "inductor",
-            loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            meta: bool = False, dtype: torch.dtype | None = None) -> JointGraph:
-    """Trace one training step of ``model`` (or of ``model()`` for a factory) into its joint graph.
+class _Captured(Exception):
+    """Raised by the capturing partitioner once it has the joint graph: stops inductor's codegen."""
+
+
+_SINK: Callable[[fx.GraphModule, dict[str, Any]], None] | None = None
+
+
+def _inductor_catcher() -> Any:
+    """A stateless (so picklable for inductor's cache key) custom partitioner that hands the joint
+    graph to ``_SINK`` and stops the compilation before code generation."""
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    global _CatchJoint
+    if _CatchJoint is None:
+        class CatchJoint(CustomPartitionerFn):
+            def __call__(self, gm: Any, joint_inputs: Any, **kw: Any) -> Any:
+                kw.pop("compiler", None)
+                if _SINK is not None:
+                    _SINK(gm, kw)
+                raise _Captured()
+
+            def uuid(self) -> None:
+                return None
+
+        _CatchJoint = CatchJoint
+    return _CatchJoint()
+
+
+_CatchJoint: Any = None
+
+
+def _capturing_backend(compiler: str, decompositions: Any,
+                       record: Callable[[fx.GraphModule, dict[str, Any], list[str]], None]) -> Callable:
+    """A torch.compile backend set up as ``opt_remat.backend(compiler=...)`` is, whose partitioner
+    records each joint graph; the regions then run uncompiled (they only need to reach the next)."""
+    from torch._functorch import config as functorch_config
+
+    from .api import _decompositions
+
+    if compiler == "eager":
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.compilers import nop
+        from torch._functorch.partitioners import default_partition
+
+        def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            roles = input_roles(gm)
+
+            def catch(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+                record(joint, kw, roles)
+                return default_partition(joint, joint_inputs, **kw)
+
+            return aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=catch,
+                                decompositions=_decompositions(decompositions),
+                                keep_inference_input_mutations=True)(gm, example_inputs)
+        return backend
+    if compiler == "inductor":
+        from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
+
+        def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            global _SINK
+            roles = input_roles(gm)
+            _SINK = lambda joint, kw: record(joint, kw, roles)  # noqa: E731
+            try:  # a cache hit would skip the partitioner that records the graph
+                with inductor_config.patch(custom_partitioner_fn=_inductor_catcher(), fx_graph_cache=False), \
+                        functorch_config.patch(enable_autograd_cache=False):
+                    return compile_fx(gm, example_inputs)
+            except Exception as exc:
+                if not _caused_by(exc, _Captured):
+                    raise
+                return gm.forward
+            finally:
+                _SINK = None
+        return backend
+    raise ValueError(f"compiler must be 'eager' or 'inductor', got {compiler!r}")
+
+
+def _caused_by(exc: BaseException | None, kind: type) -> bool:
+    depth = 0
+    while exc is not None and depth < 20:
+        if isinstance(exc, kind) or isinstance(getattr(exc, "inner_exception", None), kind):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        depth += 1
+    return False
+
+
+def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
+                   compiler: str = "eager", decompositions: Any = "inductor", meta: bool = False,
+                   dtype: torch.dtype | None = None, seed: int = 0, fullgraph: bool = False) -> list[JointGraph]:
+    """The joint graphs of one training step of ``model`` (or of ``model()`` for a factory), as
+    ``torch.compile(model, backend=opt_remat.backend(compiler=compiler, decompositions=...))`` hands
+    them to its partitioner, in compilation order (several with graph breaks).
 
     ``meta=True`` builds the factory under a FakeTensorMode and fakes the inputs, so nothing is
     allocated (pass a factory: a module given already built has allocated its weights).
     ``dtype`` is the default dtype while the model is built.
     """
+    seen: list[JointGraph] = []
+
+    def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
+        seen.append(JointGraph(copy.deepcopy(joint), kw["num_fwd_outputs"],
+                               kw.get("static_lifetime_input_indices"), roles))
+
+    be = _capturing_backend(compiler, decompositions, record)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if meta else None
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
-        return _capture(model, example_inputs, decompositions=decompositions, loss_fn=loss_fn,
-                        dtype=dtype, fake_mode=fake_mode)
+    torch._dynamo.reset()
+    try:
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            with _default_dtype(dtype):
+                module = model() if not isinstance(model, torch.nn.Module) else model
+            if fake_mode is not None:
+                example_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                                  for x in example_inputs]
+            else:
+                module = copy.deepcopy(module)  # dynamo's guards and hooks stay off the caller's model
+            torch.manual_seed(seed)
+            torch.compile(module, backend=be, fullgraph=fullgraph)(*example_inputs)
+    finally:
+        torch._dynamo.reset()
+    return seen
 
 
-def _capture(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
-             decompositions: str | Mapping | None, loss_fn: Callable[[Any], torch.Tensor] | None,
-             dtype: torch.dtype | None, fake_mode: FakeTensorMode | None) -> JointGraph:
-    from .api import _decompositions
-    from .verify import default_loss
-
-    with _default_dtype(dtype):
-        module = model() if not isinstance(model, torch.nn.Module) else model
-    if fake_mode is not None:
-        example_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
-                          for x in example_inputs]
-    params = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
-    seen: dict[str, JointGraph] = {}
-
-    def catch(joint: fx.GraphModule, joint_inputs: Any, **kw: Any):
-        seen["graph"] = JointGraph(copy.deepcopy(joint), kw["num_fwd_outputs"],
-                                   kw.get("static_lifetime_input_indices"))
-        return default_partition(joint, joint_inputs, **kw)
-
-    def step(params: dict, buffers: dict, *inputs: Any) -> Any:
-        return functional_call(module, (params, buffers), inputs)
-
-    compiled = aot_function(step, fw_compiler=nop, bw_compiler=nop, partition_fn=catch,
-                            decompositions=_decompositions(decompositions))
-    (loss_fn or default_loss)(compiled(params, buffers, *example_inputs))  # tracing happens here
-    return seen["graph"]
+def capture(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
+            compiler: str = "eager", decompositions: Any = "inductor", meta: bool = False,
+            dtype: torch.dtype | None = None, seed: int = 0) -> JointGraph:
+    """The one joint graph of a training step without graph breaks (see ``capture_graphs``)."""
+    graphs = capture_graphs(model, example_inputs, compiler=compiler, decompositions=decompositions,
+                            meta=meta, dtype=dtype, seed=seed)
+    if len(graphs) != 1:
+        raise CaptureError(f"the training step compiled to {len(graphs)} joint graphs (graph breaks); "
+                           "use opt_remat.capture.capture_graphs for one graph per compiled region")
+    return graphs[0]

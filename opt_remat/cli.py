@@ -1,7 +1,7 @@
 """The ``opt-remat`` command line.
 
     opt-remat run CONFIG [--set key=value ...] [--jobs N] [--executor process|ray]
-    opt-remat solve CONFIG --solver S [--budget B] -o plan.json [--set key=value ...]
+    opt-remat solve CONFIG [--solver S] [--budget B] -o plan.json [--set key=value ...]
     opt-remat show plan.json
     opt-remat compare runs/a runs/b
     opt-remat demo [--model gpt2] [--solvers mincut cpsat] [--budget 0.5]
@@ -122,20 +122,22 @@ def _run(args: argparse.Namespace) -> int:
 
 # ---- solve -----------------------------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    from solvers.budget import parse_budget
-
-    from .config import TORCH_SOLVER, known_solvers, load_config
+    from .config import ConfigError, known_solvers, load_config
     from .report import describe_plan
-    from .runner import RunError, _model_desc, apply_hint, fingerprint, materialize, solve_one, write_plan
+    from .runner import SolveRefused, materialize_all, solve_one, write_plan
 
-    budget = cli_budget(args.budget)
+    overrides = list(args.set or [])
+    if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
+        overrides.append(f"budgets=[{args.budget}]")
     try:
-        parse_budget(budget)
-    except ValueError as exc:
-        raise UsageError(f"--budget: {exc}") from None
-    cfg = load_config(args.config, args.set or [])
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        if args.budget is not None and exc.field.startswith("budgets"):
+            raise UsageError(f"--budget {args.budget}: {exc.detail}") from None
+        raise
     options: dict[str, Any] = {}
-    name = args.solver
+    name = args.solver or cfg.solvers[0].label  # default: the config's first solver
+    args.solver = name
     for spec in cfg.solvers:  # a solver listed in the config brings its options
         if spec.label == args.solver or (spec.name == args.solver and not options):
             name, options = spec.name, dict(spec.options)
@@ -149,60 +151,106 @@ def _solve(args: argparse.Namespace) -> int:
         raise UsageError(f"-o: {out} is a folder; expected a file name such as plan.json")
     if not out.parent.exists():
         raise UsageError(f"-o: folder {out.parent} does not exist")
-    work = materialize(cfg)
-    try:
-        work, plan, budget_bytes = solve_one(cfg, name, budget, work=work, options=options)
-    except RunError as exc:
-        if name == TORCH_SOLVER or "infeasible" in str(exc):
-            raise UsageError(str(exc)) from None
-        raise
-    write_plan(out, work.problem, plan, config=str(Path(args.config).resolve()), model=_model_desc(cfg),
-               budget_spec=budget, device=fingerprint(work, cfg)["device"], apply=apply_hint(cfg, out))
-    print(describe_plan(work.problem, plan))
-    print(f"plan for graph {work.graph_hash} ({len(work.problem.nodes)} nodes) written to {out}")
-    hint = apply_hint(cfg, out)
+    budgets = cfg.budgets
+    works = materialize_all(cfg)
+    for spec in budgets:  # one plan file per budget, each holding a plan per captured graph
+        path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
+        plans = []
+        for i, work in enumerate(works):
+            try:
+                plan, _ = solve_one(work, name, spec, options=options)
+            except SolveRefused as exc:
+                raise UsageError(f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1
+                                                           else "") + f": {exc}") from None
+            plans.append(plan)
+            print(f"== budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else ""))
+            print(describe_plan(work.problem, plan))
+        write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
+        print(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
+              f"written to {path}")
+    from .runner import apply_hint
+    hint = apply_hint(cfg, out if len(budgets) == 1 else out.with_name(f"{out.stem}-LABEL{out.suffix}"))
     if hint:
         print(f"apply it in training with: {hint}")
     return 0
+
+
+def _safe_label(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in label).strip("_") or "budget"
 
 
 # ---- show --------------------------------------------------------------------------------------------
 def _show(args: argparse.Namespace) -> int:
     from solvers.plans_io import PlanMismatchError, read_plan_file
 
-    from .report import table
-    from .runner import format_seconds, short_op
-
     try:
         doc = read_plan_file(args.plan)
     except PlanMismatchError as exc:
         raise UsageError(str(exc)) from None
+    print(f"plan file {args.plan}: {len(doc['graphs'])} graph(s)")
+    for line in _made_for_lines(doc.get("made_for") or {}):
+        print("  " + line)
+    for i, graph in enumerate(doc["graphs"]):
+        print(f"\n== graph {i + 1} of {len(doc['graphs'])}" if len(doc["graphs"]) > 1 else "")
+        _show_graph(graph, args.names)
+    return 0
+
+
+def _made_for_lines(made_for: dict[str, Any]) -> list[str]:
+    """Who the plans are for: model, dtype, input shapes, capture settings, versions."""
+    lines = []
+    model = made_for.get("model") or {}
+    if model.get("factory"):
+        kwargs = ", ".join(f"{k}={v}" for k, v in (model.get("kwargs") or {}).items())
+        lines.append(f"model      : {model['factory']}({kwargs})")
+    elif model.get("graph"):
+        lines.append(f"model      : graph file {model['graph']}")
+    if made_for.get("dtype") or made_for.get("inputs"):
+        lines.append(f"dtype {made_for.get('dtype', '?')}, inputs {', '.join(made_for.get('inputs') or []) or '-'}")
+    cap = made_for.get("capture") or {}
+    if cap:
+        lines.append(f"captured   : compiler={cap.get('compiler')}, decompositions={cap.get('decompositions')}"
+                     + (", fake tensors (no weights)" if cap.get("meta") else ", real tensors"))
+    vers = made_for.get("versions") or {}
+    if vers:
+        lines.append(f"made with  : opt-remat {vers.get('opt_remat', '?')}, torch {vers.get('torch', '?')}")
+    if made_for.get("config"):
+        lines.append(f"config     : {made_for['config']}")
+    if made_for.get("apply"):
+        lines.append(f"apply with : {made_for['apply']}")
+    return lines
+
+
+def _show_graph(doc: dict[str, Any], names: bool) -> None:
+    from .report import table
+    from .runner import format_seconds, short_op
+
     nodes: dict[str, dict[str, Any]] = doc.get("nodes") or {}
     gap = doc.get("gap")
-    print(f"plan {args.plan}: solver {doc.get('solver')}, status {doc.get('status')}"
+    print(f"solver {doc.get('solver')}, status {doc.get('status')}"
           + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
           + (f", solved in {doc['solve_time_s']:.3f} s" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
-    print(f"  graph {doc.get('graph_hash')} ({doc.get('graph_nodes', '?')} nodes)"
-          + (f", model {doc['model'].get('factory') or doc['model'].get('graph')}" if isinstance(doc.get("model"), dict) else ""))
+    print(f"  graph {doc['graph_id']} ({doc.get('graph_nodes', len(doc['values']))} values)")
     budget = doc.get("budget")
     print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
           + (f" (budget {format_bytes(budget)}" + (f" = {doc['budget_spec']}" if doc.get("budget_spec") is not None else "")
              + ")" if budget is not None else ""))
+    if doc.get("peak_bytes") is not None:
+        print(f"  step peak          : {format_bytes(doc['peak_bytes'])} predicted"
+              + (f" (peak budget {format_bytes(doc['peak_budget'])})" if doc.get("peak_budget") else ""))
     print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
           f"{format_seconds(doc.get('recompute_cost'))}")
     if doc.get("message"):
         print(f"  note: {doc['message']}")
-    if doc.get("apply"):
-        print(f"  apply with: {doc['apply']}")
-    for title, names, metric in (("saved", doc["saved"], "bytes"), ("recomputed", doc.get("recomputed", []), "cost")):
-        if not names:
+    for title, members_all, metric in (("saved", doc["saved"], "bytes"), ("recomputed", doc.get("recomputed", []), "cost")):
+        if not members_all:
             print(f"\n{title}: nothing")
             continue
         if not nodes:
-            print(f"\n{title} ({len(names)}): " + ", ".join(names))
+            print(f"\n{title} ({len(members_all)}): " + ", ".join(members_all))
             continue
         groups: dict[str, list[str]] = defaultdict(list)
-        for n in names:
+        for n in members_all:
             info = nodes.get(n, {})
             label = "graph input" if info.get("role") == "input" else short_op(info.get("op", "?"))
             groups[label].append(n)
@@ -219,10 +267,9 @@ def _show(args: argparse.Namespace) -> int:
             rows.append({"op": op, "count": len(members),
                          metric: format_bytes(total) if metric == "bytes" else format_seconds(total),
                          "modules": (", ".join(modules[:4]) + (f" (+{len(modules) - 4})" if len(modules) > 4 else "")) or "-",
-                         **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if args.names else {})})
+                         **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if names else {})})
         print(f"\n{title} by op:")
         print(table(rows, list(rows[0])))
-    return 0
 
 
 # ---- compare -----------------------------------------------------------------------------------------
@@ -298,9 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
     solve.add_argument("config")
-    solve.add_argument("--solver", required=True, help="a solver name or a label from the config")
-    solve.add_argument("--budget", default=None, help="a fraction (0.5) or bytes ('2MiB'); default: none")
-    solve.add_argument("-o", "--output", required=True, help="the plan file to write (JSON)")
+    solve.add_argument("--solver", default=None,
+                       help="a solver name or a label from the config; default: the config's first solver")
+    solve.add_argument("--budget", default=None,
+                       help="a budget as the config's budgets are written: a fraction (0.5), bytes ('2MiB'), "
+                            "or a peak ('{peak: 700KiB}'); default: every budget of the config, a plan file each")
+    solve.add_argument("-o", "--output", required=True,
+                       help="the plan file to write (JSON); with several budgets, NAME-BUDGET.json each")
     solve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     solve.set_defaults(func=_solve)
 

@@ -592,9 +592,6 @@ def validate(cfg: Config) -> None:
         raise cfg.error(("capture", "decompositions"), "expected inductor (or no key) with compiler: inductor, "
                                                        "which always applies its own decompositions")
     if capture.get("meta"):
-        if capture.get("compiler", "eager") != "eager":
-            raise cfg.error(("capture", "compiler"), "expected eager (or no key) with meta: true: the "
-                                                     "fake-tensor capture traces AOTAutograd's eager graph")
         if data.get("verify", {}).get("gradients"):
             raise cfg.error(("verify", "gradients"), "a meta capture has no real weights to run a step "
                                                      "with: set verify.gradients: false or capture.meta: false")

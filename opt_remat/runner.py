@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from solvers import Plan, Problem
 from solvers.budget import format_bytes
-from solvers.plans_io import graph_hash, plan_to_dict
+from solvers.plans_io import graph_hash, values_of_problem
 
 from .config import FLOAT_DTYPES, TORCH_SOLVER, BudgetSpec, Config, SolverSpec, resolved_dict
 
@@ -46,6 +46,11 @@ CSV_FIELDS = [
 
 class RunError(RuntimeError):
     """A run that cannot go on (not a configuration error)."""
+
+
+class SolveRefused(RunError):
+    """A pair with no plan for a reason the user can change: an infeasible budget, a solver
+    without the asked mode."""
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -101,6 +106,8 @@ class Workload:
     top_anchor_bytes: int | None = None
     capture_s: float = 0.0
     reference: Any = None  # the save-all training step, computed on first use
+    values: list[dict[str, Any]] = field(default_factory=list)  # canonical values (plan files)
+    graph_id: str = ""  # canonical id of the graph: what a plan file is matched by
     notes: list[str] = field(default_factory=list)
 
     def budget_bytes(self, spec: BudgetSpec) -> int | None:
@@ -157,111 +164,20 @@ def make_inputs(cfg: Config, model: Any) -> tuple:
     return tuple(out)
 
 
-class _Captured(Exception):
-    """Raised by the capturing partitioner once it has the joint graph: stops inductor's codegen."""
-
-
-_CAPTURE_SINK: Callable[[Any, dict[str, Any]], None] | None = None
-
-
-def _catcher() -> Any:
-    """A stateless (so picklable for inductor's cache key) custom partitioner that records the
-    joint graph into ``_CAPTURE_SINK`` and stops the compilation."""
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn
-
-    global _Catch
-    if _Catch is None:
-        class _CatchJoint(CustomPartitionerFn):
-            def __call__(self, gm: Any, joint_inputs: Any, **kw: Any):
-                kw.pop("compiler", None)
-                if _CAPTURE_SINK is not None:
-                    _CAPTURE_SINK(gm, kw)
-                raise _Captured()
-
-            def uuid(self) -> None:
-                return None
-
-        _CatchJoint.__qualname__ = "_CatchJoint"
-        globals()["_CatchJoint"] = _CatchJoint
-        _Catch = _CatchJoint
-    return _Catch()
-
-
-_Catch: Any = None
-
-
-def capture_compiled(model: Any, inputs: Sequence[Any], *, compiler: str = "eager",
-                     decompositions: str = "inductor", seed: int = 0) -> list:
-    """The joint graphs torch.compile hands to the partitioner, as ``opt_remat.backend(compiler=...)``
-    sets it up: dynamo, then AOTAutograd with ``decompositions`` (``eager``), or inductor's
-    AOTAutograd with its decompositions and joint-graph passes (``inductor``; the capture stops
-    before code generation). A plan solved on this graph applies with that backend."""
-    import torch
-    from torch._functorch.partitioners import default_partition
-
-    from .capture import JointGraph
-
-    seen: list[JointGraph] = []
-
-    def record(joint: Any, kw: dict[str, Any]) -> None:
-        seen.append(JointGraph(copy.deepcopy(joint), kw["num_fwd_outputs"],
-                               kw.get("static_lifetime_input_indices")))
-
-    if compiler == "eager":
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.compilers import nop
-
-        from .api import _decompositions
-
-        def catch(joint: Any, joint_inputs: Any, **kw: Any):
-            record(joint, kw)
-            return default_partition(joint, joint_inputs, **kw)
-
-        be = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=catch,
-                          decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
-    elif compiler == "inductor":
-        from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
-
-        def be(gm: Any, example_inputs: Sequence[Any]) -> Any:
-            global _CAPTURE_SINK
-            _CAPTURE_SINK = record
-            try:
-                from torch._functorch import config as functorch_config
-                # a cache hit would skip the partitioner that records the graph
-                with inductor_config.patch(custom_partitioner_fn=_catcher(), fx_graph_cache=False), \
-                        functorch_config.patch(enable_autograd_cache=False):
-                    return compile_fx(gm, example_inputs)
-            finally:
-                _CAPTURE_SINK = None
-    else:
-        raise ValueError(f"compiler must be 'eager' or 'inductor', got {compiler!r}")
-    torch._dynamo.reset()
-    try:
-        compiled = torch.compile(copy.deepcopy(model), backend=be, fullgraph=True)
-        torch.manual_seed(seed)
-        compiled(*inputs)
-    except Exception as exc:
-        if not (seen and _caused_by(exc, _Captured)):
-            raise
-    finally:
-        torch._dynamo.reset()
-    return seen
-
-
-def _caused_by(exc: BaseException | None, kind: type) -> bool:
-    depth = 0
-    while exc is not None and depth < 20:
-        if isinstance(exc, kind) or isinstance(getattr(exc, "inner_exception", None), kind):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        depth += 1
-    return False
-
-
 def materialize(cfg: Config) -> Workload:
-    """Build the model and inputs, check they fit, capture the training step and build the problem.
-    Every failure that the configuration can fix is a ConfigError naming the field."""
+    """The one graph of the configured step (``opt-remat run`` solves a single graph)."""
+    works = materialize_all(cfg)
+    if len(works) != 1:
+        raise cfg.error(("model", "factory"), f"the training step compiled to {len(works)} joint graphs "
+                                              "(graph breaks); opt-remat run needs exactly one (opt-remat "
+                                              "solve writes a plan per graph)")
+    return works[0]
+
+
+def materialize_all(cfg: Config) -> list[Workload]:
+    """Build the model and inputs, check they fit, capture the training step (one graph per compiled
+    region) and build each problem. Every failure that the configuration can fix is a ConfigError
+    naming the field."""
     from .costs import get_profile
 
     profile = get_profile(cfg.device)
@@ -272,20 +188,61 @@ def materialize(cfg: Config) -> Workload:
             problem = checkmate.load_graph(cfg.graph_path)
         except Exception as exc:
             raise cfg.error(("model", "graph"), f"cannot load the graph: {_first_line(exc)}") from None
-        return Workload(problem, graph_hash(problem), profile)
+        return [Workload(problem, graph_hash(problem), profile, values=values_of_problem(problem),
+                         graph_id=graph_hash(problem))]
 
     import torch
+
+    from .canonical import canonical_values, graph_id
+    from .capture import capture_graphs
 
     factory = cfg.factory()
     kwargs = dict(cfg.data["model"].get("kwargs", {}))
     torch.manual_seed(cfg.seed)
-    if cfg.meta:
-        return _materialize_meta(cfg, factory, kwargs, profile)
-    model = _build_model(cfg, factory, kwargs).to(getattr(torch, cfg.dtype)).train()
-    inputs = make_inputs(cfg, model)
     loss_fn = make_loss(cfg.loss)
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.meta:
+        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
+            shell = _build_model(cfg, factory, kwargs)
+        model, inputs = None, make_inputs(cfg, shell)
+        what, where = "tracing the training step with fake tensors", ("model", "inputs")
+        source: Any = lambda: factory(**kwargs).train()  # noqa: E731
+    else:
+        model = _build_model(cfg, factory, kwargs).to(dtype).train()
+        inputs = make_inputs(cfg, model)
+        _dry_run(cfg, model, inputs, loss_fn)
+        what, where, source = "capturing the training step with torch.compile", ("model", "factory"), model
+    start = time.perf_counter()
     with quiet_torch():
-        try:  # a dry forward: do the inputs fit the model?
+        try:
+            graphs = capture_graphs(source, inputs, compiler=cfg.compiler, decompositions=cfg.decompositions,
+                                    meta=cfg.meta, dtype=dtype if cfg.meta else None, seed=cfg.seed)
+        except Exception as exc:
+            raise cfg.error(where, f"{what} failed{' (do the inputs fit the model?)' if cfg.meta else ''}: "
+                                   f"{_first_line(exc)}") from None
+        if not graphs:
+            raise cfg.error(("model", "factory"), "torch.compile produced no joint graph: nothing of the "
+                                                  "step needs a backward")
+        works = []
+        for joint in graphs:
+            prepared, problem, top = _problem_of(joint, profile)
+            works.append(Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs,
+                                  loss_fn=loss_fn, prepared=prepared, top_anchor_bytes=top,
+                                  values=canonical_values(prepared.module, prepared.input_roles),
+                                  graph_id=""))
+            works[-1].graph_id = graph_id(prepared.module, works[-1].values)
+    capture_s = time.perf_counter() - start
+    for w in works:
+        w.capture_s = capture_s
+    return works
+
+
+def _dry_run(cfg: Config, model: Any, inputs: tuple, loss_fn: Callable[[Any], Any]) -> None:
+    """Do the inputs fit the model, and is there a backward? A ConfigError naming the field if not."""
+    import torch
+
+    with quiet_torch():
+        try:
             with torch.no_grad():
                 out = copy.deepcopy(model)(*inputs)
         except Exception as exc:
@@ -296,24 +253,10 @@ def materialize(cfg: Config) -> Workload:
             loss_fn(out)
         except Exception as exc:
             raise cfg.error(("model", "loss"), f"cannot take the loss of the model's output: {exc}") from None
-        if not any(p.requires_grad for p in model.parameters()) and not any(
-                i.requires_grad for i in inputs if isinstance(i, torch.Tensor)):
-            raise cfg.error(("model", "factory"), "the model has no parameters that require grad: "
-                                                  "there is no backward to partition")
-        start = time.perf_counter()
-        try:
-            graphs = capture_compiled(model, inputs, compiler=cfg.compiler, decompositions=cfg.decompositions,
-                                      seed=cfg.seed)
-        except Exception as exc:
-            raise cfg.error(("model", "factory"), f"capturing the training step with torch.compile "
-                                                  f"(fullgraph) failed: {_first_line(exc)}") from None
-        if len(graphs) != 1:
-            raise cfg.error(("model", "factory"), f"the training step compiled to {len(graphs)} joint graphs; "
-                                                  "opt-remat run needs exactly one")
-        prepared, problem, top = _problem_of(graphs[0], profile)
-        capture_s = time.perf_counter() - start
-    return Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs, loss_fn=loss_fn,
-                    prepared=prepared, top_anchor_bytes=top, capture_s=capture_s)
+    if not any(p.requires_grad for p in model.parameters()) and not any(
+            i.requires_grad for i in inputs if isinstance(i, torch.Tensor)):
+        raise cfg.error(("model", "factory"), "the model has no parameters that require grad: "
+                                              "there is no backward to partition")
 
 
 def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -343,32 +286,6 @@ def _problem_of(joint: Any, profile: Any) -> tuple[Any, Problem, int]:
     anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
     top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
     return prepared, problem, top
-
-
-def _materialize_meta(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any],
-                      profile: Any) -> Workload:
-    """``capture.meta``: trace the step under fake tensors (nothing allocated); no model to verify
-    gradients with, but the graph serves the solvers, torch's baseline and the saved-byte check."""
-    import torch
-
-    from .capture import capture
-
-    dtype = getattr(torch, cfg.dtype)
-    with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
-        shell = _build_model(cfg, factory, kwargs)
-    inputs = make_inputs(cfg, shell)
-    loss_fn = make_loss(cfg.loss)
-    start = time.perf_counter()
-    with quiet_torch():
-        try:
-            joint = capture(lambda: factory(**kwargs).train(), inputs, meta=True, dtype=dtype,
-                            decompositions=cfg.decompositions, loss_fn=loss_fn)
-        except Exception as exc:
-            raise cfg.error(("model", "inputs"), f"tracing the training step with fake tensors failed "
-                                                 f"(do the inputs fit the model?): {_first_line(exc)}") from None
-        prepared, problem, top = _problem_of(joint, profile)
-    return Workload(problem, graph_hash(problem), profile, prepared=prepared, top_anchor_bytes=top,
-                    capture_s=time.perf_counter() - start)
 
 
 # ---- solving (pure Python: runs in worker processes) ----------------------------------------
@@ -534,25 +451,54 @@ def short_op(op: str) -> str:
     return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else op
 
 
-def plan_document(problem: Problem, plan: Plan, **extra: Any) -> dict[str, Any]:
-    """``plans_io.plan_to_dict`` plus, per saved or recomputed value, its op, module, bytes and cost
-    (what ``opt-remat show`` prints); ``read_plan_file``/``apply_plan`` ignore the extra keys."""
-    doc = plan_to_dict(problem, plan)
+def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per saved or recomputed value: its op, module, bytes and cost (what ``opt-remat show`` prints)."""
     nodes = {}
-    for name in list(doc["saved"]) + list(doc["recomputed"]):
+    for name in sorted(plan.saved | plan.recomputed, key=problem.index.__getitem__):
         node = problem.by_name[name]
         counted = problem.counts_memory(node.storage_id)
         nodes[name] = {"op": node.op, "module": clean_module(node.module), "role": node.role.value,
                        "bytes": node.bytes, "storage": node.storage_id,
                        "storage_bytes": problem.storage_size[node.storage_id] if counted else 0,
                        "cost": problem.recompute_cost_of(name)}
-    doc["nodes"] = nodes
-    doc.update({k: v for k, v in extra.items() if v is not None})
-    return doc
+    return nodes
 
 
-def write_plan(path: Path, problem: Problem, plan: Plan, **extra: Any) -> None:
-    write_atomic(path, json.dumps(_jsonable(plan_document(problem, plan, **extra)), indent=1) + "\n")
+def plan_entry(work: Workload, plan: Plan, **extra: Any) -> dict[str, Any]:
+    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints."""
+    from solvers.liveness import simulate_plan
+    from solvers.plans_io import graph_entry
+
+    entry = graph_entry(work.problem, plan, work.values, work.graph_id)
+    entry["peak_bytes"] = simulate_plan(work.problem, plan.saved).peak
+    entry["nodes"] = node_details(work.problem, plan)
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
+    """What a plan file's plans were made for: model, inputs, capture settings, device profile."""
+    desc = _model_desc(cfg)
+    inputs = [f"{str(i.dtype).removeprefix('torch.')}{list(i.shape)}" for i in work.inputs
+              if hasattr(i, "shape")]
+    out = {"config": str(cfg.path.resolve()), "model": desc, "device": fingerprint(work, cfg)["device"]}
+    if not cfg.is_graph:
+        out.update({"dtype": cfg.dtype, "inputs": inputs,
+                    "capture": {"compiler": cfg.compiler, "decompositions": cfg.decompositions if cfg.compiler == "eager"
+                                else "inductor", "meta": cfg.meta}})
+    return out
+
+
+def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan], **extra: Any) -> None:
+    """A plan file holding one plan per captured graph (``extra`` goes into each entry)."""
+    from solvers.plans_io import plan_document
+
+    from .plans import versions
+
+    entries = [plan_entry(w, p, **extra) for w, p in zip(works, plans)]
+    doc = plan_document(entries, {**made_for(cfg, works[0]), "apply": apply_hint(cfg, path),
+                                  "versions": versions()})
+    write_atomic(path, json.dumps(_jsonable(doc), indent=1) + "\n")
 
 
 def _jsonable(x: Any) -> Any:
@@ -913,7 +859,7 @@ def memory_curves(problem: Problem, records: Sequence[dict[str, Any]],
         if not rec.get("plan_file") or rec.get("saved_bytes") is None:
             continue
         try:
-            saved = read_plan_file(out_dir / rec["plan_file"])["saved"]
+            saved = read_plan_file(out_dir / rec["plan_file"])["graphs"][0]["saved"]
         except (OSError, ValueError):
             continue  # a plan file removed by hand: its curve is left out
         curve = simulate_plan(problem, saved)
@@ -946,8 +892,7 @@ def _record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_by
         "extra": _jsonable(dict(plan.extra or {})),
         "warnings": result.get("warnings") or [], "plan_file": str(plan_file.relative_to(out_dir)),
     })
-    write_plan(plan_file, work.problem, plan, config=str(cfg.path.resolve()), model=_model_desc(cfg),
-               budget_spec=b.raw, device=fingerprint(work, cfg)["device"], apply=apply_hint(cfg, plan_file.name))
+    write_plan(plan_file, cfg, [work], [plan], budget_spec=b.raw, peak_budget=b.peak)
     start = time.perf_counter()
     if cfg.measure_memory and work.prepared is not None:
         try:
@@ -977,7 +922,7 @@ def _model_desc(cfg: Config) -> dict[str, Any]:
 
 def apply_hint(cfg: Config, plan_path: str | Path) -> str | None:
     """The line that applies a saved plan in training."""
-    if cfg.is_graph or cfg.meta:  # a fake-tensor capture orders the graph's inputs differently
+    if cfg.is_graph:
         return None
     extra = f', decompositions="{cfg.decompositions}"' if cfg.compiler == "eager" else ""
     return (f'torch.compile(model, backend=opt_remat.backend(plan="{plan_path}", '
@@ -992,21 +937,18 @@ def ray_available() -> bool:
     return True
 
 
-def solve_one(cfg: Config, solver: str, budget: Any, work: Workload | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Workload, Plan, int | None]:
-    """``opt-remat solve``: one plan for one solver and budget."""
-    from .config import budget_label
-    from solvers.budget import parse_budget
-
-    work = work or materialize(cfg)
-    spec = BudgetSpec(budget, parse_budget(budget), budget_label(budget), 0) if budget is not None else None
+def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
+              options: dict[str, Any] | None = None) -> tuple[Plan, int | None]:
+    """``opt-remat solve``: one plan for one graph, solver and budget (saved bytes and/or peak)."""
     bytes_ = work.budget_bytes(spec) if spec is not None else None
+    peak = spec.peak if spec is not None else None
     if solver == TORCH_SOLVER:
-        result = solve_torch_pair(work, bytes_)
+        result = solve_torch_pair(work, bytes_, peak)
     else:
-        result = solve_pair(work.problem, solver, bytes_, dict(options or {}))
+        result = solve_pair(work.problem, solver, bytes_, dict(options or {}), peak_budget=peak)
     if "plan" not in result:
-        raise RunError(result.get("error") or result.get("status"))
+        kind = SolveRefused if result.get("status") in ("infeasible", "skipped") else RunError
+        raise kind(result.get("error") or result.get("status"))
     for w in result.get("warnings") or []:
         print(f"opt-remat: warning: {w}", file=sys.stderr)
-    return work, result["plan"], bytes_
+    return result["plan"], bytes_

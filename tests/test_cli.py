@@ -74,7 +74,7 @@ def test_run_writes_every_report(tiny_run):
         assert r["saved_bytes"] <= r["budget_bytes"]
         assert r["measured_saved_bytes"] == r["saved_bytes"]  # what the forward really hands over
         assert r["verified"] is True and r["bitwise"] is True  # gradients equal save-all's
-        plan = json.loads((out / r["plan_file"]).read_text())
+        plan = json.loads((out / r["plan_file"]).read_text())["graphs"][0]
         assert plan["saved_bytes"] == r["saved_bytes"] and plan["nodes"]
     # the CSV has every figure, one row per pair
     lines = (out / "results.csv").read_text().splitlines()
@@ -185,13 +185,17 @@ def test_solve_show_and_apply_plan_in_training(tiny_run, tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert main(["solve", str(path), "--solver", "mincut", "--budget", "0.5", "-o", str(plan_path)]) == 0
     assert "apply it in training with" in capsys.readouterr().out
-    plan = json.loads(plan_path.read_text())
-    assert plan["solver"] == "mincut" and plan["graph_hash"] and plan["recomputed"]
+    doc = json.loads(plan_path.read_text())
+    plan = doc["graphs"][0]
+    assert plan["solver"] == "mincut" and plan["graph_id"] and plan["recomputed"]
+    assert doc["made_for"]["capture"] == {"compiler": "eager", "decompositions": "inductor", "meta": False}
     assert all("op" in plan["nodes"][n] and "module" in plan["nodes"][n] for n in plan["saved"])
 
     assert main(["show", str(plan_path)]) == 0
     text = capsys.readouterr().out
     assert "saved by op:" in text and "recomputed by op:" in text and "addmm" in text
+    assert "opt_remat.models:mlp(d_in=16, hidden=32, layers=2)" in text and "float32[4, 16]" in text
+    assert "compiler=eager, decompositions=inductor" in text and f"torch {torch.__version__}" in text
 
     # the plan applied to the same model gives save-all's gradients ...
     torch.manual_seed(0)
@@ -215,6 +219,33 @@ def test_solve_show_and_apply_plan_in_training(tiny_run, tmp_path, capsys):
     mismatch = [e for e in chain if isinstance(e, PlanMismatchError)]
     assert mismatch, chain
     assert "made for a different graph" in str(mismatch[0]) and "solve again" in str(mismatch[0])
+
+
+def test_solve_budgets_as_yaml_reads_them(tiny_run, tmp_path, capsys):
+    path, _ = tiny_run
+    # a float above 1 is refused with the config's own message, not read as 2 bytes
+    assert main(["solve", str(path), "--solver", "mincut", "--budget", "2.0", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("budgets: [0.5, 0.2]", "budgets: [2.0]"))
+    assert main(["run", str(bad)]) == 2
+    yaml_err = capsys.readouterr().err.strip()
+    detail = yaml_err.split("budgets[0]: ", 1)[1]
+    assert err.endswith("--budget 2.0: " + detail) and "fraction in [0, 1]" in detail
+    assert not (tmp_path / "p.json").exists() and len(err.splitlines()) == 1
+    # a peak budget, as YAML writes it (the config's first solver by default)
+    out = tmp_path / "peak.json"
+    assert main(["solve", str(path), "--budget", "{peak: 64KiB}", "-o", str(out)]) == 0
+    entry = json.loads(out.read_text())["graphs"][0]
+    assert entry["solver"].startswith("mincut") and entry["peak_budget"] == 65536
+    assert entry["peak_bytes"] <= 65536
+    # no --budget: every budget of the config, a plan file each
+    out = tmp_path / "all.json"
+    assert main(["solve", str(path), "--solver", "mincut", "-o", str(out)]) == 0
+    files = {p.name: json.loads(p.read_text())["graphs"][0] for p in tmp_path.glob("all-*.json")}
+    assert set(files) == {"all-0.5.json", "all-0.2.json"}
+    assert files["all-0.2.json"]["saved_bytes"] <= files["all-0.5.json"]["saved_bytes"]
+    assert files["all-0.5.json"]["budget_spec"] == 0.5
 
 
 def test_solve_errors(tiny_run, tmp_path, capsys):

@@ -1,0 +1,207 @@
+"""Offline plans used in training: a LLaMA-style model planned on a fake capture (no weights) and the
+real model trained with that plan through ``opt_remat.backend(plan=...)``, inductor and eager."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import opt_remat
+from opt_remat.build import problem_from_joint
+from opt_remat.capture import capture_graphs
+from opt_remat.memory import PeakMeter
+from opt_remat.models import Llama
+from opt_remat.plans import entry_for, write_plan_file
+from opt_remat.solve import choose_peak_plan, choose_plan, resolve_budget
+from opt_remat.verify import compare_steps, default_loss, save_all_backend
+from solvers.liveness import simulate_plan
+from solvers.plans_io import PlanMismatchError, read_plan_file
+
+SEQ = 32
+
+
+def _factory(layers: int = 2):
+    return lambda: Llama(layers=layers, d_model=64, heads=4, seq=SEQ)
+
+
+def _tokens(batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, SEQ), generator=torch.Generator().manual_seed(3))
+
+
+def _settings(compiler: str) -> dict:
+    return {"compiler": compiler, "decompositions": "inductor"}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Per compiler, plan files solved by cpsat on a fake capture: at a saved-byte budget and at a
+    peak budget, with the problem they were solved on."""
+    folder = tmp_path_factory.mktemp("plans")
+    out = {}
+    for compiler in ("eager", "inductor"):
+        [joint] = capture_graphs(_factory(), (_tokens(),), compiler=compiler, meta=True)
+        weights = [n for n in joint.module.graph.find_nodes(op="placeholder")
+                   if isinstance(n.meta["val"], torch._subclasses.FakeTensor)]
+        assert weights  # traced with fake tensors: nothing was allocated
+        prepared, problem = problem_from_joint(joint)
+        save_all_peak = simulate_plan(problem, choose_plan(problem, "save-all", None).saved).peak
+        for kind in ("saved", "peak"):
+            if kind == "saved":
+                plan = choose_plan(problem, "cpsat", resolve_budget(problem, 0.3), {"time_limit_s": 4})
+            else:
+                plan = choose_peak_plan(problem, "cpsat", int(0.8 * save_all_peak), None, {"time_limit_s": 4})
+            path = folder / f"{compiler}-{kind}.json"
+            write_plan_file(path, [entry_for(prepared.module, prepared.input_roles, problem, plan)],
+                            {"capture": {**_settings(compiler), "meta": True}})
+            out[compiler, kind] = (path, plan, problem)
+    return out
+
+
+def _train(model, x, backend):
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    torch.manual_seed(1)
+    loss = default_loss(compiled(x))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return loss.detach(), grads
+
+
+def _saved_for_backward_bytes(model, x, backend) -> int:
+    """Bytes of the tensors the compiled forward really hands to autograd for the backward (each
+    storage once; parameters and inputs excluded, as the plan's saved bytes exclude them)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), x]}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    torch.manual_seed(1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = compiled(x)
+    default_loss(out).backward()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("kind", ["saved", "peak"])
+@pytest.mark.parametrize("compiler", ["inductor", "eager"])
+def test_fake_capture_plan_trains_the_real_model(plans, compiler, kind):
+    path, plan, problem = plans[compiler, kind]
+    doc = read_plan_file(path)
+    torch.manual_seed(0)
+    model, x = _factory()(), _tokens()
+    be = opt_remat.backend(plan=str(path), compiler=compiler,
+                           **({"decompositions": "inductor"} if compiler == "eager" else {}))
+    loss, grads = _train(model, x, be)
+
+    # exactly the plan's saved set: mapped value for value, and what the forward hands over
+    [rec] = be.partitioner.history
+    ids = {v["name"]: v["id"] for v in rec.values}
+    plan_ids = {v[0]: v[1] for v in doc["graphs"][0]["values"]}
+    assert {ids[n] for n in rec.plan.saved} == {plan_ids[n] for n in doc["graphs"][0]["saved"]}
+    fw_out = rec.fw_module.graph.find_nodes(op="output")[0].args[0]
+    assert {n.name for n in fw_out[rec.num_fwd_outputs:]} == set(rec.plan.saved)
+    assert rec.plan.saved_bytes == plan.saved_bytes and rec.plan.recompute_cost == pytest.approx(plan.recompute_cost)
+
+    # save-all's gradients, with the same compiler
+    ref_be = save_all_backend("inductor") if compiler == "eager" else opt_remat.backend("save-all", compiler="inductor")
+    ref = _train(model, x, ref_be)
+    check = compare_steps((loss, grads), ref)
+    assert check.ok and check.max_rel_error <= 1e-5
+
+    # the bytes really saved for the backward, and (graphs run as they are) the step's peak
+    measured = _saved_for_backward_bytes(model, x, opt_remat.backend(plan=str(path), compiler=compiler, **(
+        {"decompositions": "inductor"} if compiler == "eager" else {})))
+    assert abs(measured - plan.saved_bytes) <= 0.01 * plan.saved_bytes
+    if compiler == "eager":  # inductor's generated code cannot be metered op by op
+        meter = PeakMeter()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=opt_remat.backend(plan=str(path), compiler=meter,
+                                                                  decompositions="inductor"))
+        torch.manual_seed(1)
+        compiled(x)
+        meter.reset()
+        base = meter.current
+        torch.manual_seed(1)
+        default_loss(compiled(x)).backward()
+        predicted = simulate_plan(problem, plan.saved).peak
+        assert abs((meter.peak - base) - predicted) <= 0.01 * predicted
+
+
+def _refusal(model, x, backend) -> str:
+    with pytest.raises(Exception) as info:
+        _train(model, x, backend)
+    exc = info.value
+    while exc is not None and not isinstance(exc, PlanMismatchError):
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    assert exc is not None, info.value
+    return str(exc)
+
+
+def test_plan_refused_for_other_shapes_layers_or_compiler(plans):
+    path = str(plans["eager", "saved"][0])
+    eager = dict(compiler="eager", decompositions="inductor")
+    msg = _refusal(_factory()(), _tokens(batch=4), opt_remat.backend(plan=path, **eager))
+    assert "first differing value here primals_1 (input idx int64[4, 32])" in msg
+    assert "int64[2, 32] in the plan's graph" in msg and "shapes" in msg and "solve again" in msg
+
+    msg = _refusal(_factory(layers=3)(), _tokens(), opt_remat.backend(plan=path, **eager))
+    assert "the model differs" in msg and "param blocks.2." in msg and "only in this graph" in msg
+    assert "first differing value here" in msg and "aten." in msg
+
+    msg = _refusal(_factory()(), _tokens(), opt_remat.backend(plan=path, compiler="inductor"))
+    assert "compiler" in msg and "compiler='eager'" in msg and "compiler='inductor'" in msg
+
+
+def test_graph_breaks_get_a_plan_each(tmp_path):
+    class Broken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.nn.functional.gelu(self.a(x)).sin()
+            torch._dynamo.graph_break()
+            return self.b(h.cos()).tanh()
+
+    x = torch.randn(4, 16)
+    graphs = capture_graphs(Broken, (x,), meta=True)
+    assert len(graphs) == 2
+    entries = []
+    for joint in graphs:
+        prepared, problem = problem_from_joint(joint)
+        entries.append(entry_for(prepared.module, prepared.input_roles, problem,
+                                 choose_plan(problem, "cpsat", 0, {"time_limit_s": 2})))
+    path = tmp_path / "plan.json"
+    write_plan_file(path, list(reversed(entries)), {})  # matched by canonical id, not by order
+    torch.manual_seed(0)
+    model = Broken()
+    be = opt_remat.backend(plan=str(path), compiler="eager", decompositions="inductor")
+    check = compare_steps(_train(model, x, be), _train(model, x, save_all_backend("inductor")))
+    assert check.ok and check.bitwise
+    assert [r.plan.solver for r in be.partitioner.history] == ["plan:cpsat", "plan:cpsat"]
+    assert {r.graph_id for r in be.partitioner.history} == {e["graph_id"] for e in entries}
+
+
+def test_bad_plan_files_are_one_line_errors(plans, tmp_path):
+    doc = json.loads(plans["eager", "saved"][0].read_text())
+    cases = {"binary": b"\x89PNG\r\n\x1a\n\x00\xff", "truncated": json.dumps(doc).encode()[:500],
+             "unknown": None, "schema": json.dumps({"format": 2, "graphs": [{"saved": "x"}]}).encode()}
+    doc["graphs"][0]["saved"] += ["no_such_value", "nor_this"]
+    cases["unknown"] = json.dumps(doc).encode()
+    expect = {"binary": "is binary", "truncated": "is truncated (line 1", "unknown": "no_such_value, nor_this",
+              "schema": "is not an opt-remat plan file: at graphs/0"}
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(data)
+        with pytest.raises(PlanMismatchError) as info:
+            opt_remat.partitioner(plan=path)
+        assert expect[name] in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
