@@ -52,6 +52,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         unit, unit_name = (GIB, "GiB") if name == "7b" else (2**20, "MiB")
+        t_scale, t_name = (1e3, "ms") if name == "7b" else (1e6, "us")
         label = "llama-7b" if name == "7b" else f"llama-{name}L"
         joint = _capture(name)
         prepared, problem = problem_from_joint(joint, device="h100")
@@ -59,7 +60,7 @@ def main() -> None:
         def row(plan_name: str, peak: int | None, cost: float | None, **more) -> None:
             r = {"model": label, "plan": plan_name,
                  f"peak {unit_name}": "-" if peak is None else f"{peak / unit:.2f}",
-                 "recompute ms": "-" if cost is None else f"{cost * 1e3:.2f}"}
+                 f"recompute {t_name}": "-" if cost is None else f"{cost * t_scale:.2f}"}
             r.update(more)
             rows.append(r)
             print(table([r], list(r)), flush=True)
@@ -87,20 +88,20 @@ def main() -> None:
         for fraction in args.fractions:
             budget = int(fraction * mc_peak)
             fitting = [c for p, c in checkpoints if p <= budget]
-            cheapest = f"{min(fitting) * 1e3:.2f}" if fitting else "none fits"
+            cheapest = f"{min(fitting) * t_scale:.2f}" if fitting else "none fits"
             start = time.perf_counter()
             try:
                 plan = solve_peak(problem, budget, time_limit_s=args.time_limit)
             except PeakInfeasibleError as exc:
                 row(f"opt-remat {fraction:g}x min-cut", None, None, budget=f"{budget / unit:.2f}",
-                    **{"bound ms": "-", "gap": "-", "checkpoint ms": cheapest,
+                    **{f"bound {t_name}": "-", "gap": "-", f"checkpoint {t_name}": cheapest,
                        "solve s": f"{time.perf_counter() - start:.1f}",
                        "note": "infeasible" + (" (proven)" if exc.infeasible_proven else "")})
                 continue
             row(f"opt-remat {fraction:g}x min-cut", plan.extra["peak"], plan.recompute_cost,
                 budget=f"{budget / unit:.2f}",
-                **{"bound ms": f"{plan.bound * 1e3:.2f}", "gap": f"{plan.extra['gap']:.1%}",
-                   "checkpoint ms": cheapest, "solve s": f"{time.perf_counter() - start:.1f}",
+                **{f"bound {t_name}": f"{plan.bound * t_scale:.2f}", "gap": f"{plan.extra['gap']:.1%}",
+                   f"checkpoint {t_name}": cheapest, "solve s": f"{time.perf_counter() - start:.1f}",
                    "note": f"{plan.status.value}, by {plan.extra['found_by']}"})
         start = time.perf_counter()
         try:
