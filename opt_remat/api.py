@@ -58,6 +58,7 @@ class Partitioner:
     count_input_bytes: bool = False
     plan: str | Path | None = None  # a plan saved by ``opt-remat solve``: applied instead of solving
     peak_budget: int | str | None = None  # bytes of the step's peak live memory
+    count_gradients: bool = True  # False: the peak budget is for activations alone (no .grad)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -116,7 +117,8 @@ class Partitioner:
                 torch_runtime_optimized_saved(joint_module, info)))
             if self._peak_bytes is not None:
                 plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options,
-                                        default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth)
+                                        default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth,
+                                        count_gradients=self.count_gradients)
             else:
                 plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
             plan = realized_plan(problem, plan)
@@ -160,7 +162,8 @@ class Partitioner:
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
-                peak_budget: int | str | None = None, **options: Any) -> Partitioner:
+                peak_budget: int | str | None = None, count_gradients: bool = True,
+                **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -172,9 +175,12 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
     ``peak_budget``: bytes of the whole step's peak of live activations, recomputed values and
     gradients (parameters and inputs excluded); can be combined with ``budget``.
+    ``count_gradients=False``: the peak budget leaves gradients out (when ``.grad`` buffers live
+    between steps anyway, e.g. with gradient accumulation, only activations are the plan's to fit).
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
-                       count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget)
+                       count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
+                       count_gradients=count_gradients)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

@@ -237,6 +237,8 @@ def _show_graph(doc: dict[str, Any], names: bool) -> None:
              + ")" if budget is not None else ""))
     if doc.get("peak_bytes") is not None:
         print(f"  step peak          : {format_bytes(doc['peak_bytes'])} predicted"
+              + (f", of it gradients {format_bytes(doc['peak_gradient_bytes'])}"
+                 if doc.get("peak_gradient_bytes") else "")
               + (f" (peak budget {format_bytes(doc['peak_budget'])})" if doc.get("peak_budget") else ""))
     print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
           f"{format_seconds(doc.get('recompute_cost'))}")

@@ -38,7 +38,7 @@ from .config import FLOAT_DTYPES, TORCH_SOLVER, BudgetSpec, Config, SolverSpec, 
 RESULTS_FORMAT = 1
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
-    "measured_saved_bytes", "peak_budget", "peak_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
     "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
 ]
@@ -470,7 +470,9 @@ def plan_entry(work: Workload, plan: Plan, **extra: Any) -> dict[str, Any]:
     from solvers.plans_io import graph_entry
 
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
-    entry["peak_bytes"] = simulate_plan(work.problem, plan.saved).peak
+    curve = simulate_plan(work.problem, plan.saved)
+    entry["peak_bytes"] = curve.peak
+    entry["peak_gradient_bytes"] = curve.peak_gradients
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry
@@ -633,6 +635,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             "measured": "-" if measured is None else (
                 format_bytes(measured) + ("" if measured == rec.get("saved_bytes") else " (!)")),
             "step peak": format_bytes(rec.get("peak_bytes")),
+            "of it grads": format_bytes(rec.get("peak_gradient_bytes")),
             "recompute": format_seconds(rec.get("recompute_cost")),
             "solve": format_seconds(rec.get("solve_time_s")),
             "gap": "-" if rec.get("gap") is None else f"{rec['gap']:.2%}",
@@ -883,9 +886,11 @@ def _record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_by
         return rec
     plan_file = out_dir / "plans" / f"{_safe_name(b.label)}__{_safe_name(s.label)}.json"
     from solvers.liveness import simulate_plan
+    curve = simulate_plan(work.problem, plan.saved)
     rec.update({
-        # the whole step's simulated peak of live activations, recomputed values and gradients
-        "peak_bytes": simulate_plan(work.problem, plan.saved).peak,
+        # the whole step's simulated peak of live activations, recomputed values and gradients,
+        # and how much of it is gradients
+        "peak_bytes": curve.peak, "peak_gradient_bytes": curve.peak_gradients,
         "status": plan.status.value, "saved_bytes": plan.saved_bytes, "recompute_cost": plan.recompute_cost,
         "objective": plan.objective, "bound": plan.bound, "gap": plan.gap, "solve_time_s": plan.solve_time_s,
         "n_saved": len(plan.saved), "n_recomputed": len(plan.recomputed), "message": plan.message,

@@ -45,7 +45,7 @@ class PeakBudgetError(ValueError):
 
 def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: int | None,
                      options: dict[str, Any] | None = None, *,
-                     default_lam: float | None = None) -> Plan:
+                     default_lam: float | None = None, count_gradients: bool = True) -> Plan:
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
     ``default_lam``: the min-cut plan at that ``lam`` (the default path's plan) is a candidate."""
     options = dict(options or {})
@@ -62,9 +62,11 @@ def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: in
                               "PuLP form yet)", stacklevel=2)
             keep = {k: options[k] for k in ("time_limit_s", "threads", "seed", "stages", "gap")
                     if k in options}
-            plan = solve_peak(problem, peak_budget, budget, candidates=candidates, **keep)
+            plan = solve_peak(problem, peak_budget, budget, candidates=candidates,
+                              count_gradients=count_gradients, **keep)
         elif solver == "mincut":
-            plan = mincut_under_peak(problem, peak_budget, budget, candidates=candidates)
+            plan = mincut_under_peak(problem, peak_budget, budget, candidates=candidates,
+                                     count_gradients=count_gradients)
         else:
             raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
     except PeakInfeasibleError as exc:

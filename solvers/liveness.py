@@ -31,6 +31,9 @@ class MemoryCurve:
     # the values whose buffers are live at the peak (a storage by its id, a buffer made in the
     # backward by its value): where moves that lower the peak are found
     peak_live: frozenset[str] = frozenset()
+    # bytes of gradients (backward outputs) live at the peak: the rest is activations, recomputed
+    # values and backward temporaries
+    peak_gradients: int = 0
 
     @property
     def forward_peak(self) -> int:
@@ -159,7 +162,20 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
     if not steps:
         return MemoryCurve((), 0, "", "")
     peak_phase, peak_at, peak = max(steps, key=lambda s: s[2])
-    return MemoryCurve(tuple(steps), peak, peak_phase, peak_at, top[1])
+    grad_names = {b[3:] if b.startswith("bw:") else b for b in grads}
+    at_peak = sum(size[by_name[b].storage_id] for b in top[1] if b in grad_names and b in by_name)
+    return MemoryCurve(tuple(steps), peak, peak_phase, peak_at, top[1], at_peak)
+
+
+def without_gradients(problem: Problem) -> Problem:
+    """The problem with gradients (backward outputs) costing no memory: for budgeting the step's
+    activations alone, when ``.grad`` buffers live between steps anyway (gradient accumulation, an
+    optimizer that keeps them) and so are not the plan's to save. Saved bytes are unchanged: only
+    storages that no forward-side value shares are zeroed."""
+    from dataclasses import replace
+    forward_side = {n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
+    grads = {problem.by_name[o].storage_id for o in problem.backward_outputs} - forward_side
+    return replace(problem, storage_bytes={**problem.storage_bytes, **{g: 0 for g in grads}})
 
 
 def peak_lower_bound(problem: Problem) -> int:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan
+from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan, without_gradients
 from .mincut import InfeasibleError
 from .peak_search import improve_saved_sets
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
@@ -58,8 +58,8 @@ DEFAULT_GAP = 0.01
 RELAX_SHARE = 0.3
 SHRINK_SHARE = 0.3
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
-# finds its plans in time (measured: nothing at 32 layers)
-STAGE_MODEL_MAX_VALUES = 600
+# helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
+STAGE_MODEL_MAX_VALUES = 150
 _DEBUG = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
 
 
@@ -180,7 +180,7 @@ def _layout(problem: Problem, stages: int | None) -> _Layout:
 def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                stages: int | None = None, time_limit_s: float = 60.0, threads: int = 2,
                seed: int = 0, hint_saved: set[str] | None = None, gap: float = DEFAULT_GAP,
-               candidates: Iterable[Iterable[str]] = (),
+               candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
                search_share: float = SEARCH_SHARE) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
     proven lower bound on the cost of every such plan (``plan.bound``; the gap in
@@ -196,9 +196,15 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        all of these, judged by the exact simulation.
     The solve returns as soon as the gap is at most ``gap`` (relative). Raises PeakInfeasibleError
     naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
+    ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
     """
     if peak_budget < 0:
         raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
+    if not count_gradients:
+        plan = solve_peak(without_gradients(problem), peak_budget, budget, stages=stages,
+                          time_limit_s=time_limit_s, threads=threads, seed=seed, hint_saved=hint_saved,
+                          gap=gap, candidates=candidates, search_share=search_share)
+        return replace(plan, extra={**plan.extra, "count_gradients": False})
     from .mip_model import build_model, presolve
     from .peak_bound import peak_rows, solve_relaxation
 
@@ -732,9 +738,11 @@ def _first_need_stage(problem: Problem, lay: _Layout, saved: set[str]) -> dict[s
 
 
 def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
-                      candidates: Iterable[Iterable[str]] = ()) -> Plan:
+                      candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
     """The cheapest frontier plan (min-cut or checkpointing, or one of ``candidates``) whose
     simulated peak fits: fast, not proven optimal."""
+    if not count_gradients:
+        problem = without_gradients(problem)
     start = time.perf_counter()
     frontier = _frontier(problem) + _candidate_plans(problem, candidates)
     best = _cheapest_fitting(frontier, peak_budget, budget)

@@ -90,3 +90,28 @@ def test_relaxation_proves_budgets_infeasible():
             assert exc.min_peak is None or exc.min_peak >= smallest
         else:
             raise AssertionError(f"seed {seed}: a plan under the smallest peak {smallest}")
+
+
+def test_gradients_split_and_activation_only_budgets():
+    from solvers.liveness import without_gradients
+    checked = 0
+    for seed in range(40):
+        p = _problem(seed)
+        bare = without_gradients(p)
+        for plan in itertools.islice(_valid_plans(p), 30):
+            full, acts = simulate_plan(p, plan.saved), simulate_plan(bare, plan.saved)
+            assert bare.saved_bytes(plan.saved) == p.saved_bytes(plan.saved)
+            assert 0 <= full.peak_gradients <= full.peak
+            assert full.peak - full.peak_gradients <= acts.peak <= full.peak
+            checked += 1
+        if recompute_closure(p, [n.name for n in p.candidates if p.can_save(n.name)])[1]:
+            continue
+        # a budget only the activations fit: met with count_gradients=False, and the plan's full
+        # step may exceed it by at most the gradients
+        top = simulate_plan(bare, [n.name for n in p.candidates if p.can_save(n.name)]).peak
+        try:
+            plan = solve_peak(p, top, time_limit_s=3, count_gradients=False)
+        except PeakInfeasibleError:
+            continue
+        assert simulate_plan(bare, plan.saved).peak <= top and plan.extra["count_gradients"] is False
+    assert checked > 300
