@@ -203,21 +203,21 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
     elif threads < 8:
         solver.parameters.subsolvers.extend(_CPSAT_SUBSOLVERS)
     watch = None
+    watcher = None
     if proven is not None:
         start = time.perf_counter()
-        timers: list[threading.Timer] = []
         lock = threading.Lock()
+        finished = threading.Event()
+        proven_at: list[float] = []  # when the cost was proven (set from CP-SAT's threads)
 
         class _Watch(cp_model.CpSolverSolutionCallback):
             best, bound = math.inf, -math.inf
 
-            def check(self) -> None:  # called from CP-SAT's threads
+            def check(self) -> None:  # called from CP-SAT's threads: only records (starting a
+                # thread from there crashes the interpreter)
                 with lock:
-                    if not timers and proven(self.best, self.bound):
-                        grace = max(1.0, 0.2 * (time.perf_counter() - start))
-                        timers.append(threading.Timer(grace, solver.stop_search))
-                        timers[0].daemon = True
-                        timers[0].start()
+                    if not proven_at and proven(self.best, self.bound):
+                        proven_at.append(time.perf_counter())
 
             def on_solution_callback(self) -> None:
                 self.best = min(self.best, self.objective_value)
@@ -227,14 +227,27 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
                 self.bound = max(self.bound, b)
                 self.check()
 
+        def stop_after_grace() -> None:  # started from this thread, before the solve
+            while not finished.wait(0.05):
+                with lock:
+                    due = proven_at and time.perf_counter() - proven_at[0] >= max(
+                        1.0, 0.2 * (proven_at[0] - start))
+                    if due and not finished.is_set():
+                        solver.stop_search()
+                        return
+
         watch = _Watch()
         solver.best_bound_callback = watch.on_bound
+        watcher = threading.Thread(target=stop_after_grace, daemon=True)
+        watcher.start()
     try:
         status = solver.solve(m, watch)
     finally:
-        if watch is not None:
-            for t in timers:
-                t.cancel()
+        if watcher is not None:
+            with lock:
+                finished.set()
+            watcher.join()
+            solver.best_bound_callback = None
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {m.validate()}")
     detail: dict[str, object] = {"cpsat_status": solver.status_name(status), "build_s": build_s}
@@ -535,11 +548,14 @@ class _Solved:
 
 def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list[int] | None,
                  *, time_limit_s: float, threads: int, seed: int,
-                 extend: Callable[[Any, list[Any]], None] | None = None) -> _Solved:
-    # one lexicographic objective: W * (integer cost) + (quantized memory), sum(memory) < W
-    w, g = scale.w, scale.gcd
+                 extend: Callable[[Any, list[Any]], None] | None = None,
+                 tie_break: bool = True) -> _Solved:
+    # one lexicographic objective: W * (integer cost) + (quantized memory), sum(memory) < W;
+    # without the tie-break, cost alone (and no solution callbacks: CP-SAT 9.15 crashes calling
+    # them on models with cumulative constraints)
+    w, g = (scale.w, scale.gcd) if tie_break else (1, scale.gcd)
     obj: dict[int, int] = {i: w * c for i, c in scale.int_cost.items()}
-    for y, q in zip(model.mem_var, scale.mem_q):
+    for y, q in zip(model.mem_var, scale.mem_q) if tie_break else ():
         obj[y] = obj.get(y, 0) + q
 
     def cost_bound(b: int) -> int:
@@ -556,7 +572,8 @@ def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list
         return cost_bound(math.floor(b)) >= int(incumbent) // w
 
     res = _run_cpsat(model, obj, budget, hint, time_limit_s=time_limit_s, threads=threads,
-                     seed=seed, proven=cost_proven if model.mem_var else None, extend=extend)
+                     seed=seed, proven=cost_proven if model.mem_var and tie_break else None,
+                     extend=extend, presolve=not tie_break)
     detail: dict[str, object] = {"tie_break": "none"}
     bound = None
     if res.bound is not None:

@@ -55,11 +55,14 @@ SEARCH_SHARE = 0.5
 # relative gap (cost - proven bound) / cost at which a peak solve stops
 DEFAULT_GAP = 0.01
 # shares of the time limit for the first relaxation solve and for re-solving it at lowered budgets
-RELAX_SHARE = 0.3
-SHRINK_SHARE = 0.3
+RELAX_SHARE = 0.25
+SHRINK_SHARE = 0.45
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
 # helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
 STAGE_MODEL_MAX_VALUES = 150
+# the relaxation with recompute chains finds plans for the search up to this many values (measured:
+# nothing in 20 s at the 7B shape's 3,500)
+CHAINS_MAX_VALUES = 2000
 _DEBUG = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
 
 
@@ -222,7 +225,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     model = presolve(problem, build_model(problem))
     rows = peak_rows(problem)
     relaxed = solve_relaxation(problem, model, rows, peak_budget, budget, threads=threads, seed=seed,
-                               time_limit_s=RELAX_SHARE * time_limit_s,
+                               time_limit_s=RELAX_SHARE * time_limit_s, chains=False,
                                hint_saved=set(best_plan.saved) if best_plan is not None else None)
     if relaxed.status == "infeasible":
         raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None), False,
@@ -254,19 +257,25 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     if relaxed.saved is not None:
         peak = offer(relaxed.saved, "relaxation")
         overshoot = 0 if peak is None else peak - peak_budget
-    # plans that fit: the relaxation re-solved at budgets lowered by what its plans overshoot the
-    # exact simulation, then bisected between the highest budget whose plan did not fit and the
-    # lowest whose plan did; on repeated layers, one decision per position (a far smaller program)
-    primal = _tied_model(problem, model)
+    # plans that fit: on graphs of moderate size the relaxation with recompute chains
+    # (solvers.peak_schedule: its plans are close to the exact simulation, but CP-SAT proves no
+    # bound with it); on big ones the linear relaxation with one decision per repeated-layer
+    # position. Re-solved at budgets lowered by what its plans overshoot the simulation, then
+    # bisected between the highest budget whose plan did not fit and the lowest whose plan did.
+    use_chains = len(problem.candidates) <= CHAINS_MAX_VALUES
+    primal = model if use_chains else _tied_model(problem, model)
     fits_at, over_at = None, peak_budget if overshoot > 0 else None
-    target, hint = peak_budget - overshoot, relaxed.saved
+    target = peak_budget if use_chains else peak_budget - overshoot
+    hint = relaxed.saved
     shrink_until = time.perf_counter() + SHRINK_SHARE * time_limit_s
     while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5:
         again = solve_relaxation(problem, primal, rows, target, budget, threads=threads, seed=seed,
                                  time_limit_s=min(shrink_until - time.perf_counter(), left(),
-                                                  max(1.0, 0.1 * time_limit_s)),
-                                 hint_saved=set(hint) if hint is not None else None)
-        peak = None if again.saved is None else offer(again.saved, "relaxation")
+                                                  max(1.0, (0.5 if use_chains else 0.1) * time_limit_s)),
+                                 hint_saved=set(hint) if hint is not None else None,
+                                 chains=use_chains)
+        peak = None if again.saved is None else offer(
+            again.saved, "relaxation with chains" if use_chains else "relaxation")
         if peak is not None and peak <= peak_budget:
             fits_at, hint = target, again.saved
         else:

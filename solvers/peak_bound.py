@@ -326,8 +326,21 @@ class Relaxed:
 
 def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget: int,
                      budget: int | None = None, *, time_limit_s: float, threads: int = 2,
-                     seed: int = 0, hint_saved: set[str] | None = None) -> Relaxed:
-    """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT."""
+                     seed: int = 0, hint_saved: set[str] | None = None, chains: bool = True,
+                     fixed: list[int] | None = None) -> Relaxed:
+    """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT. ``chains``: add
+    ``solvers.peak_schedule``'s first-need times (tighter, slower). ``fixed``: the program's
+    variables pinned to these values (tests: a true plan must fit its own simulated peak)."""
+    from .peak_schedule import add_schedule
+
+    def extend(m, x) -> None:
+        add_peak_rows(m, x, problem, model, rows, peak_budget)
+        if chains:
+            add_schedule(m, x, problem, model, rows, peak_budget)
+        if fixed is not None:
+            for xi, value in zip(x, fixed):
+                m.add(xi == value)
+
     from .mip import _CostScale, _solve_cpsat
     from .mip_model import hint_from_plan, normalize_saved
     from .problem import PlanError, Status, plan_from_saved
@@ -341,7 +354,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
             hint = None
     solved = _solve_cpsat(model, _CostScale.of(model), budget, hint, time_limit_s=max(time_limit_s, 0.05),
                           threads=threads, seed=seed,
-                          extend=lambda m, x: add_peak_rows(m, x, problem, model, rows, peak_budget))
+                          extend=extend, tie_break=not chains)
     status = solved.result.status
     return Relaxed(status, 0.0 if solved.bound is None and status != "infeasible" else solved.bound,
                    solved.plan_saved)

@@ -115,3 +115,24 @@ def test_gradients_split_and_activation_only_budgets():
             continue
         assert simulate_plan(bare, plan.saved).peak <= top and plan.extra["count_gradients"] is False
     assert checked > 300
+
+
+def test_every_true_plan_fits_the_relaxation_at_its_own_peak():
+    # the relaxation (with recompute chains) must admit each valid plan at the plan's simulated
+    # peak: otherwise its bound could exceed a real plan's cost
+    from solvers.mip_model import hint_from_plan, normalize_saved
+    checked = 0
+    for seed in range(30):
+        p = _problem(seed)
+        model = presolve(p, build_model(p))
+        rows = peak_rows(p)
+        for plan in itertools.islice(_valid_plans(p), 25):
+            normal = plan_from_saved(p, normalize_saved(model, plan.saved), solver="x", status=Status.FEASIBLE)
+            peak = max(simulate_plan(p, plan.saved).peak, simulate_plan(p, normal.saved).peak)
+            # presolve's normal form is no more live anywhere (see peak_bound's docstring)
+            assert simulate_plan(p, normal.saved).peak <= simulate_plan(p, plan.saved).peak
+            relaxed = solve_relaxation(p, model, rows, peak, time_limit_s=5,
+                                       fixed=hint_from_plan(model, normal))
+            assert relaxed.status in ("optimal", "feasible"), (seed, sorted(plan.saved), relaxed.status)
+            checked += 1
+    assert checked > 300
