@@ -156,7 +156,6 @@ def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[i
     * a saved member v with a recomputed consumer w: v's saved buffer lives until w is made, which
       is no earlier than E(w): ``[L(v) + 1, E(w))`` (from the start when v is not read directly).
     """
-    by_name = problem.by_name
     members: dict[str, list[str]] = {}
     for n in problem.candidates:
         members.setdefault(n.storage_id, []).append(n.name)

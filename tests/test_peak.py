@@ -186,7 +186,7 @@ def test_search_simulator_matches_liveness():
 
 
 def test_local_search_against_brute_force():
-    from solvers.peak import _frontier
+    from solvers.peak_candidates import _frontier
     from solvers.peak_search import improve_saved_sets
     for seed in range(60):
         p = _problem(seed)
@@ -264,7 +264,8 @@ def test_infeasible_peak_names_the_floor():
 
 
 def test_checkpoint_starts_on_repeated_blocks():
-    from solvers.peak import _checkpoint_plans, narrow_cut_values
+    from solvers.liveness import narrow_cut_values
+    from solvers.peak_candidates import _checkpoint_plans
     from solvers.random_problems import repeated_problem
     for seed in range(6):
         p = repeated_problem(seed, layers=6, per_layer=5)
@@ -280,7 +281,7 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     from opt_remat.build import problem_from_joint
     from opt_remat.capture import capture
     from solvers.liveness import peak_lower_bound
-    from solvers.peak import _frontier
+    from solvers.peak_candidates import _frontier
 
     _, problem = problem_from_joint(capture(lambda: llama(layers=4, d_model=64, heads=4, seq=32),
                                             (torch.zeros(2, 32, dtype=torch.long),), meta=True))
