@@ -31,8 +31,9 @@ SEARCH_SHARE = 0.5
 # relative gap (cost - proven bound) / cost at which a peak solve stops
 DEFAULT_GAP = 0.01
 # shares of the time limit for the first relaxation solve and for re-solving it at lowered budgets
-RELAX_SHARE = 0.25
-SHRINK_SHARE = 0.45
+RELAX_SHARE = 0.3
+SHRINK_SHARE = 0.3
+SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
 # helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
 STAGE_MODEL_MAX_VALUES = 150
@@ -130,7 +131,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     fits_at, over_at = None, peak_budget if overshoot > 0 else None
     target = peak_budget if use_chains else peak_budget - overshoot
     hint = relaxed.saved
-    shrink_until = time.perf_counter() + SHRINK_SHARE * time_limit_s
+    shrink_until = time.perf_counter() + (SHRINK_SHARE_CHAINS if use_chains else SHRINK_SHARE) * time_limit_s
     while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5:
         again = solve_relaxation(problem, primal, rows, target, budget, threads=threads, seed=seed,
                                  time_limit_s=min(shrink_until - time.perf_counter(), left(),
