@@ -127,7 +127,9 @@ SCHEMA: dict[str, Any] = {
                 # a peak budget: bytes of the whole step's live peak, optionally with saved bytes
                 "then": {"additionalProperties": False, "required": ["peak"],
                          "properties": {"peak": {"type": ["number", "string"]},
-                                        "saved": {"type": ["number", "string"]}}},
+                                        "saved": {"type": ["number", "string"]},
+                                        # false: the peak without gradients (kept between steps)
+                                        "count_gradients": {"type": "boolean"}}},
             },
         },
         "solvers": {
@@ -311,6 +313,10 @@ class BudgetSpec:
     peak: int | None = None  # bytes of the step's peak, for a peak budget
 
     @property
+    def count_gradients(self) -> bool:
+        return not isinstance(self.raw, dict) or bool(self.raw.get("count_gradients", True))
+
+    @property
     def saved_raw(self) -> int | float | str | None:
         return self.raw.get("saved") if isinstance(self.raw, dict) else self.raw
 
@@ -426,7 +432,8 @@ class Config:
 
 def budget_label(raw: Any) -> str:
     if isinstance(raw, dict):
-        return f"peak {raw['peak']}" + (f" + {raw['saved']}" if raw.get("saved") is not None else "")
+        return (f"peak {raw['peak']}" + (" (no grads)" if raw.get("count_gradients") is False else "")
+                + (f" + {raw['saved']}" if raw.get("saved") is not None else ""))
     return str(raw)
 
 

@@ -305,9 +305,18 @@ def _keep_sigint() -> Iterator[None]:
 PEAK_SOLVERS = ("cpsat", "milp", "mincut")  # the solvers with a peak-budget mode
 
 
+def _default_lam(work: Any) -> float | None:
+    """The drop-in path's ``lam="auto"`` on this workload's device."""
+    from .api import AUTO_LAM_FRACTION_OF_BANDWIDTH
+    bandwidth = getattr(work.profile, "bandwidth", None)
+    return None if bandwidth is None else AUTO_LAM_FRACTION_OF_BANDWIDTH * bandwidth
+
+
 def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any],
-               peak_budget: int | None = None) -> dict[str, Any]:
-    """One (budget, solver) pair: a plan, or why there is none. Picklable in and out."""
+               peak_budget: int | None = None, *, count_gradients: bool = True,
+               default_lam: float | None = None) -> dict[str, Any]:
+    """One (budget, solver) pair: a plan, or why there is none. Picklable in and out.
+    ``default_lam``: the default path's min-cut plan joins a peak solve's candidates."""
     from .solve import choose_peak_plan, choose_plan
 
     if peak_budget is not None:
@@ -315,7 +324,9 @@ def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options:
             return {"status": "skipped", "error": f"{solver} has no peak-budget mode (use one of "
                                                   f"{', '.join(PEAK_SOLVERS)})", "wall_s": None, "warnings": []}
         with _keep_sigint():
-            return _solve_recorded(lambda: choose_peak_plan(problem, solver, peak_budget, budget_bytes, options))
+            return _solve_recorded(lambda: choose_peak_plan(
+                problem, solver, peak_budget, budget_bytes, options, default_lam=default_lam,
+                count_gradients=count_gradients))
     with _keep_sigint():
         return _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
 
@@ -808,7 +819,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
         pool = _executor(executor, jobs)
         try:
             futures = {pool.submit(solve_pair, work.problem, s.name, budget_bytes[b.label], dict(s.options),
-                                   b.peak): (b, s) for b, s in pool_pairs}
+                                   b.peak, count_gradients=b.count_gradients,
+                                   default_lam=_default_lam(work)): (b, s) for b, s in pool_pairs}
             for b, s in torch_pairs:
                 finish(b, s, solve_torch_pair(work, budget_bytes[b.label], b.peak))
             stream = pool.drain() if isinstance(pool, _RayPool) else cf.as_completed(futures)
@@ -831,7 +843,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
             if s.name == TORCH_SOLVER:
                 finish(b, s, solve_torch_pair(work, budget_bytes[b.label], b.peak))
             else:
-                finish(b, s, solve_pair(work.problem, s.name, budget_bytes[b.label], dict(s.options), b.peak))
+                finish(b, s, solve_pair(work.problem, s.name, budget_bytes[b.label], dict(s.options), b.peak,
+                                        count_gradients=b.count_gradients, default_lam=_default_lam(work)))
 
     ordered = flush()
     if "plot" in cfg.formats:

@@ -360,12 +360,17 @@ def test_peak_budgets_in_a_run(tmp_path, capsys):
     top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
     middle = (floor + top) // 2
     path.write_text(text.replace("budgets: [0.5, 0.2]", f"budgets: [{{{{peak: {middle}}}}}, "
-                                 f"{{{{peak: {floor - 1}, saved: 0.5}}}}]").format(out="out"))
+                                 f"{{{{peak: {floor - 1}, saved: 0.5}}}}, "
+                                 f"{{{{peak: {middle}, count_gradients: false}}}}]").format(out="out"))
     assert main(["run", str(path)]) == 0
     recs = {(r["budget"], r["solver"]): r for r in results(tmp_path / "out")}
     r = recs[(f"peak {middle}", "cpsat")]
     assert r["peak_budget"] == middle and r["peak_bytes"] <= middle
     assert r["verified"] is True
+    assert 0 < r["peak_gradient_bytes"] <= r["peak_bytes"]  # the split of the step's peak
+    # activations alone under the same budget (a YAML peak budget with count_gradients: false)
+    bare = recs[(f"peak {middle} (no grads)", "cpsat")]
+    assert bare["status"] in ("optimal", "feasible") and bare["extra"]["count_gradients"] is False
     r = recs[(f"peak {middle}", "mincut")]  # a heuristic: it fits, or names a larger peak it found
     assert r.get("peak_bytes", 0) <= middle < r.get("min_peak_bytes", middle + 1)
     for solver in ("mincut", "cpsat"):
