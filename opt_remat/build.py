@@ -23,7 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from solvers import Node, Problem, Role
 
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
-from .rng_replay import STATE_META, insert_rng_states, rng_state_capture, state_nodes
+from .rng_replay import STATE_META, dropout_is_off, insert_rng_states, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
 
 
@@ -71,7 +71,7 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False) -
     seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
     if target is rng_state_capture:
         return "RNG state (saved to replay a random op)"
-    if not replayable and (op_types.is_random(node) or (seeded and not _dropout_is_off(node))):
+    if not replayable and (op_types.is_random(node) or (seeded and not dropout_is_off(node))):
         return "random op"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return "higher-order op"
@@ -83,18 +83,6 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False) -
     if node.is_impure() and not seeded:  # FX calls seeded ops impure for their randomness alone
         return "side effects"
     return None
-
-
-def _dropout_is_off(node: fx.Node) -> bool:
-    """Attention ops are tagged random for their dropout; with dropout_p == 0 they draw nothing."""
-    target = node.target
-    names = [a.name for a in target._schema.arguments]
-    if "dropout_p" not in names:
-        return False
-    i = names.index("dropout_p")
-    value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else
-                            target._schema.arguments[i].default_value)
-    return isinstance(value, (int, float)) and value == 0
 
 
 def _module_path(node: fx.Node) -> str:

@@ -56,8 +56,21 @@ def state_bytes(device: torch.device) -> int | None:
     return None
 
 
+def dropout_is_off(node: fx.Node) -> bool:
+    """Attention ops are tagged random for their dropout; with dropout_p == 0 they draw nothing."""
+    target = node.target
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    i = names.index("dropout_p")
+    value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else
+                            target._schema.arguments[i].default_value)
+    return isinstance(value, (int, float)) and value == 0
+
+
 def is_replayable(node: fx.Node) -> bool:
-    """A seeded aten op with tensor outputs on a device whose generator state can be replayed."""
+    """A seeded aten op that draws (not attention without dropout), with tensor outputs on a device
+    whose generator state can be replayed."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
@@ -65,7 +78,7 @@ def is_replayable(node: fx.Node) -> bool:
     # recomputable, and replaying it could never save bytes
     if target.namespace != "aten" or torch.Tag.nondeterministic_seeded not in target.tags:
         return False
-    if target._schema.is_mutable:
+    if target._schema.is_mutable or dropout_is_off(node):
         return False  # in-place draws (bernoulli_, uniform_) write into an existing tensor
     device = _device_of(node.meta.get("val"))
     return device is not None and state_bytes(device) is not None
@@ -109,23 +122,17 @@ def state_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target is rng_state_capture]
 
 
-class ReplayError(RuntimeError):
-    """A plan recomputes a random op without saving the RNG state that replays it."""
-
-
 def route_replays(joint_module: fx.GraphModule, saved: set[str], recomputed: set[str]) -> fx.GraphModule:
-    """A copy of the joint graph in which every random op the plan recomputes reads its state:
-    ``run_with_rng_state(state, op, ...)``, so graph extraction saves the state and the backward
-    replays it (the forward's copy is fused back into a plain draw by ``fuse_rng_replay``).
-    The graph itself is returned when nothing is replayed."""
+    """A copy of the joint graph in which every random op the plan recomputes and saves the state of
+    reads it: ``run_with_rng_state(state, op, ...)``, so graph extraction saves the state and the
+    backward replays it (the forward's copy is fused back into a plain draw by ``fuse_rng_replay``).
+    The graph itself is returned when nothing is replayed. A random op recomputed without its state
+    (only a foreign plan does that: torch's baseline; the problem model forbids it) is lowered as
+    the plan says, a fresh draw, as torch's partitioner does."""
     states = {s.meta[STATE_META]: s for s in state_nodes(joint_module.graph)}
-    replayed = [name for name in states if name in recomputed]
+    replayed = [name for name in states if name in recomputed and states[name].name in saved]
     if not replayed:
         return joint_module
-    for name in replayed:
-        if states[name].name not in saved:
-            raise ReplayError(f"the plan recomputes the random op {name} but does not save its RNG state "
-                              f"{states[name].name}: gradients would differ; the plan is invalid")
     joint_module = copy.deepcopy(joint_module)  # the caller may lower other plans on its graph
     by_name = {n.name: n for n in joint_module.graph.nodes}
     run_with = torch._prims.rng_prims.run_with_rng_state
