@@ -59,6 +59,7 @@ class Partitioner:
     plan: str | Path | None = None  # a plan saved by ``opt-remat solve``: applied instead of solving
     peak_budget: int | str | None = None  # bytes of the step's peak live memory
     count_gradients: bool = True  # False: the peak budget is for activations alone (no .grad)
+    rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -90,7 +91,9 @@ class Partitioner:
                  num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
         start = time.perf_counter()
-        joint_module = prepare_joint(joint_module)
+        # torch's baseline runs torch's partitioner, which knows nothing of opt-remat's state nodes
+        replay = self.rng_replay and not (self.solver == TORCH_SOLVER and self._plan_data is None)
+        joint_module = prepare_joint(joint_module, rng_replay=replay)
         info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
         if len(info.required_bw_nodes) == 0:  # nothing to partition: torch's save-all does it
             return tp.default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
@@ -163,7 +166,7 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
-                **options: Any) -> Partitioner:
+                rng_replay: bool = True, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -177,10 +180,12 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     gradients (parameters and inputs excluded); can be combined with ``budget``.
     ``count_gradients=False``: the peak budget leaves gradients out (when ``.grad`` buffers live
     between steps anyway, e.g. with gradient accumulation, only activations are the plan's to fit).
+    ``rng_replay``: random ops (dropout) may be recomputed by replaying the RNG state the forward
+    saves for them (its bytes count like any saved value); False never recomputes them.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
-                       count_gradients=count_gradients)
+                       count_gradients=count_gradients, rng_replay=rng_replay)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

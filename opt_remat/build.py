@@ -23,6 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from solvers import Node, Problem, Role
 
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+from .rng_replay import STATE_META, dropout_is_off, insert_rng_states, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
 
 
@@ -30,9 +31,11 @@ class GraphError(ValueError):
     """A joint graph that opt-remat cannot partition safely, naming the node at fault."""
 
 
-def prepare_joint(joint_module: fx.GraphModule) -> fx.GraphModule:
+def prepare_joint(joint_module: fx.GraphModule, *, rng_replay: bool = True) -> fx.GraphModule:
     """The clean-ups torch's partitioner applies before deciding: DCE, CSE, tag clean-up and the
-    MUST_SAVE tags on collectives, effectful ops and backward-mutation sources."""
+    MUST_SAVE tags on collectives, effectful ops and backward-mutation sources. With ``rng_replay``
+    a node capturing the RNG state goes before each random op (``opt_remat.rng_replay``), which
+    makes the op recomputable at the price of saving that state."""
     joint_module.graph.eliminate_dead_code()
     joint_module.recompile()
     if functorch_config.cse:
@@ -43,6 +46,8 @@ def prepare_joint(joint_module: fx.GraphModule) -> fx.GraphModule:
         tp.force_save_collectives(joint_module)
     tp.force_save_effectful_ops(joint_module)
     tp.force_save_bw_mutation_src(joint_module)
+    if rng_replay:
+        insert_rng_states(joint_module)
     return joint_module
 
 
@@ -54,7 +59,7 @@ def classify(joint_module: fx.GraphModule, num_fwd_outputs: int,
 _ALLOWED_NAMESPACES = {"aten", "prims"}
 
 
-def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
+def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
@@ -64,7 +69,9 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
     if tag in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
         return f"tagged {tag.name}"
     seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
-    if op_types.is_random(node) or (seeded and not _dropout_is_off(node)):
+    if target is rng_state_capture:
+        return "RNG state (saved to replay a random op)"
+    if not replayable and (op_types.is_random(node) or (seeded and not dropout_is_off(node))):
         return "random op"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return "higher-order op"
@@ -76,18 +83,6 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes) -> str | None:
     if node.is_impure() and not seeded:  # FX calls seeded ops impure for their randomness alone
         return "side effects"
     return None
-
-
-def _dropout_is_off(node: fx.Node) -> bool:
-    """Attention ops are tagged random for their dropout; with dropout_p == 0 they draw nothing."""
-    target = node.target
-    names = [a.name for a in target._schema.arguments]
-    if "dropout_p" not in names:
-        return False
-    i = names.index("dropout_p")
-    value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else
-                            target._schema.arguments[i].default_value)
-    return isinstance(value, (int, float)) and value == 0
 
 
 def _module_path(node: fx.Node) -> str:
@@ -138,12 +133,16 @@ def build_problem(
     tagged_recompute: set[str] = set()  # storage owners tagged to be recomputed
     storage_of: dict[int, str] = {}  # fake storage key -> the first node name that owns it
     storage_bytes: dict[str, int] = {}
+    state_of = {s.meta[STATE_META]: s.name for s in state_nodes(joint_module.graph)}  # random op -> state
     for node in joint_module.graph.nodes:
         if node.op == "output":
             continue
         val = _meta_val(node)
+        extra_inputs: tuple[str, ...] = ()
         if node in inputs or node.op == "get_attr":
             role = Role.INPUT
+        elif node.target is rng_state_capture:
+            role = Role.FORWARD  # no inputs and no users in the graph, but only the forward has it
         elif node in info.tangents_closure or node.op == "placeholder":
             role = Role.BACKWARD  # tangents, backward seeds, and everything that reads them
         elif info.is_required_fw(node):
@@ -188,7 +187,12 @@ def build_problem(
         banned = False
         must_recompute = False
         if role in (Role.FORWARD, Role.EITHER):
-            reason = _ban_reason(node, op_types)
+            # a random op of the forward is recomputable by replaying its state (its extra input);
+            # one that could run in the backward instead would draw other numbers there: banned
+            replayable = role is Role.FORWARD and node.name in state_of
+            if replayable:
+                extra_inputs = (state_of[node.name],)
+            reason = _ban_reason(node, op_types, replayable)
             banned = reason is not None
             if banned:
                 ban_reasons[node.name] = reason
@@ -208,7 +212,7 @@ def build_problem(
         nodes.append(Node(
             name=node.name,
             role=role,
-            inputs=tuple(dict.fromkeys(i.name for i in node.all_input_nodes)),
+            inputs=tuple(dict.fromkeys(i.name for i in node.all_input_nodes)) + extra_inputs,
             bytes=nbytes,
             storage=storage,
             cost=cost,
@@ -217,7 +221,8 @@ def build_problem(
             saveable=saveable,
             allocated_by=(node.args[0].name if node.target is operator.getitem
                           and isinstance(node.args[0], fx.Node) else None),
-            op=str(node.target) if node.op == "call_function" else node.op,
+            op=(("rng_state" if node.target is rng_state_capture else str(node.target))
+                if node.op == "call_function" else node.op),
             module=_module_path(node),
         ))
     nodes = resolve_tag_conflicts(nodes, ban_reasons)
@@ -227,12 +232,12 @@ def build_problem(
                    backward_outputs=frozenset(n.name for n in bwd_out_nodes))
 
 
-def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100"
-                       ) -> tuple[Any, Problem]:
+def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100",
+                       rng_replay: bool = True) -> tuple[Any, Problem]:
     """A prepared copy of a captured ``opt_remat.capture.JointGraph`` (the graph plans are lowered
     on) and its problem: the capture -> problem stage in one call."""
     prepared = joint.copy()
-    prepared.module = prepare_joint(prepared.module)
+    prepared.module = prepare_joint(prepared.module, rng_replay=rng_replay)
     problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
                             static_lifetime_input_indices=prepared.static_lifetime_input_indices,
                             device=device)

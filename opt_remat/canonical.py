@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import types
 from typing import Any, Sequence
 
 import torch
@@ -82,6 +83,13 @@ def _arg_key(arg: Any, ids: dict[fx.Node, str]) -> Any:
     return str(arg)  # dtypes, devices, layouts, ops
 
 
+def _target_text(target: Any) -> str:
+    """An op's name; a plain function's by module and name (its str() holds a memory address)."""
+    if not isinstance(target, types.FunctionType):
+        return str(target)
+    return f"{getattr(target, '__module__', '')}.{target.__qualname__}"
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:ID_CHARS]
 
@@ -120,7 +128,7 @@ def canonical_values(gm: fx.GraphModule, roles: Sequence[str] | None = None) -> 
         elif node.op == "get_attr":
             key, op = ["attr", str(node.target), _type_key(val)], "get_attr"
         else:
-            op = str(node.target) if node.op == "call_function" else f"{node.op} {node.target}"
+            op = _target_text(node.target) if node.op == "call_function" else f"{node.op} {node.target}"
             key = [op, _arg_key(list(node.args), ids), _arg_key(dict(node.kwargs), ids), _type_key(val)]
         cid = _digest(key)
         rank = taken.get(cid, 0)

@@ -14,6 +14,8 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from solvers import Plan
 
+from .rng_replay import fuse_rng_replay, route_replays
+
 
 def saved_nodes(joint_module: fx.GraphModule, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:
     """The plan's saved values as FX nodes in graph order: (tensors and others, symbolic ints)."""
@@ -33,7 +35,14 @@ def lower_plan(
     num_fwd_outputs: int,
     static_lifetime_input_nodes: object | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Forward and backward modules that save ``plan.saved`` and recompute the rest just in time."""
+    """Forward and backward modules that save ``plan.saved`` and recompute the rest just in time;
+    random ops the plan recomputes replay the RNG state it saves for them."""
+    routed = route_replays(joint_module, set(plan.saved), set(plan.recomputed))
+    if routed is not joint_module and static_lifetime_input_nodes is not None:
+        by_name = {n.name: n for n in routed.graph.nodes}  # the same inputs, in the copy
+        static_lifetime_input_nodes = type(static_lifetime_input_nodes)(  # type: ignore[call-arg]
+            by_name[n.name] for n in static_lifetime_input_nodes)  # type: ignore[attr-defined]
+    joint_module = routed
     values, syms = saved_nodes(joint_module, plan)
     fw_module, bw_module = tp._extract_fwd_bwd_modules(
         joint_module,
@@ -42,6 +51,7 @@ def lower_plan(
         num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_lifetime_input_nodes,
     )
+    fw_module = fuse_rng_replay(fw_module)
     bw_module = tp.reordering_to_mimic_autograd_engine(bw_module)
     fw_module = tp.raise_getitems(fw_module)
     bw_module = tp.raise_getitems(bw_module)

@@ -104,6 +104,10 @@ class _StorageTracker(TorchDispatchMode):
     Python tensor objects: autograd keeps saved tensors alive in C++ after their Python objects die.
     """
 
+    # RNG replay's higher-order ops (run_and_save_rng_state) come here whole: run as they are, and
+    # their outputs counted like any op's
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}

@@ -5,8 +5,9 @@ as torch's partitioner does; this module settles what the tags alone would make 
 
 * a value tagged to be recomputed that cannot be recomputed (a random op, or one that reads such a
   value through tagged values: dropout's ``getitem`` outputs inside a checkpointed region) is
-  saved instead, with one warning naming the op at the root of the conflict. torch replays the
-  random op's RNG state instead; opt-remat never recomputes random ops, so saving is the safe choice;
+  saved instead, with one warning naming the op at the root of the conflict. (Random ops of the
+  forward are recomputable by RNG replay, ``opt_remat.rng_replay``; with ``rng_replay=False`` they
+  are not, and saving is the safe choice);
 * a MUST_SAVE value (user policies, and torch's own: a backward hook on a region's output,
   collectives, effectful ops) that the backward depends on is required when solving, as torch's
   policy documents ("will always be saved"): its bytes are then spent, and solvers recompute from
@@ -60,7 +61,7 @@ def resolve_tag_conflicts(nodes: list[Node], ban_reasons: Mapping[str, str]) -> 
         reason = ban_reasons.get(root, "value that cannot be recomputed")
         warnings.warn(
             f"opt-remat: {root} ({op}) is tagged to be recomputed but is a {reason}, which opt-remat "
-            f"never recomputes; saving {', '.join(names)} instead (tag conflicts resolve to saving)",
+            f"does not recompute here; saving {', '.join(names)} instead (tag conflicts resolve to saving)",
             stacklevel=3)
     return out
 

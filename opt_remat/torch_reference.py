@@ -57,8 +57,11 @@ def plan_of_saved_set(problem: Problem, saved: set[str], *, solver: str, budget:
     over = budget is not None and saved_bytes > budget
     notes = []
     if banned:
+        # a banned RNG state in the closure: torch recomputes its random op without replaying it
+        shown = [(f"{problem.users[b][0]} without its RNG state" if problem.by_name[b].op == "rng_state"
+                  and problem.users[b] else b) for b in banned[:3]]
         notes.append(f"recomputes {len(banned)} value(s) opt-remat never recomputes "
-                     f"(e.g. {', '.join(banned[:3])}): random ops give different gradients")
+                     f"(e.g. {', '.join(shown)}): random ops give different gradients")
     if over:
         notes.append(f"exceeds the budget: {saved_bytes} > {budget} bytes")
     return Plan(saved=kept, recomputed=frozenset(recomputed), saved_bytes=saved_bytes,

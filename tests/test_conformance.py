@@ -187,6 +187,12 @@ class _Checkpointed(torch.nn.Module):
         return checkpoint(self.block, x.sin(), use_reentrant=self.use_reentrant, **kw).cos()
 
 
+def _random_draws(rec):
+    """The forward's random ops (not their backward ops, nor their RNG states)."""
+    return {n for n in _random_nodes(rec)
+            if rec.problem.by_name[n].role.value == "forward" and rec.problem.by_name[n].op != "rng_state"}
+
+
 def _random_nodes(rec):
     return {n.name for n in rec.problem.nodes if "rand" in n.op or "dropout" in n.op or "bernoulli" in n.op}
 
@@ -200,8 +206,24 @@ def test_checkpoint_region_with_dropout(solver, use_reentrant):
         warnings.simplefilter("always")
         pfn = check_against_eager(model, [torch.randn(8, 16, requires_grad=True)], solver)
     rec = pfn.history[-1]
-    # torch replays the RNG to recompute dropout; opt-remat never recomputes random ops (its choice,
-    # for now): the conflict resolves to saving dropout's outputs, said once, naming the op
+    # as torch does, the region's random ops are recomputed by replaying their RNG state: the tags
+    # bind, the states are saved, and the gradients are eager's (checked above)
+    random = _random_draws(rec)
+    assert random and random <= rec.plan.recomputed
+    assert {f"rng_state_{r}" for r in random} <= rec.plan.saved
+    assert not [w for w in caught if "tagged to be recomputed" in str(w.message)]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_checkpoint_region_with_dropout_without_replay(solver):
+    torch.manual_seed(0)
+    model = _Checkpointed(False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pfn = check_against_eager(model, [torch.randn(8, 16, requires_grad=True)], solver, rng_replay=False)
+    rec = pfn.history[-1]
+    # rng_replay=False never recomputes random ops: the conflict with the checkpoint's tags
+    # resolves to saving dropout's outputs, said once, naming the op
     assert _random_nodes(rec) and not (_random_nodes(rec) & rec.plan.recomputed)
     notes = [str(w.message) for w in caught if "tagged to be recomputed" in str(w.message)]
     assert len([n for n in notes if "native_dropout " in n]) == 1, notes
@@ -223,7 +245,7 @@ def _policy(must_save=(), must_recompute=()):
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_selective_checkpoint_policy_around_random_ops(solver):
     torch.manual_seed(0)
-    # even a policy asking to recompute the random ops themselves leaves a valid plan
+    # a policy asking to recompute the random ops themselves
     policy = _policy(must_save=(torch.ops.aten.addmm.default,),
                      must_recompute=(torch.ops.aten.native_dropout.default, torch.ops.aten.rand_like.default))
     model = _Checkpointed(context_fn=policy)
@@ -231,7 +253,9 @@ def test_selective_checkpoint_policy_around_random_ops(solver):
         warnings.simplefilter("ignore")
         pfn = check_against_eager(model, [torch.randn(8, 16, requires_grad=True)], solver)
     rec = pfn.history[-1]
-    assert not (_random_nodes(rec) & rec.plan.recomputed)
+    # the random ops the policy asks to recompute are, by replay (eager's gradients, checked above)
+    random = _random_draws(rec)
+    assert random and random <= rec.plan.recomputed
     addmms = {n.name for n in rec.problem.nodes if "addmm" in n.op}
     assert addmms and not (addmms & rec.plan.recomputed)
 
