@@ -60,12 +60,15 @@ class Partitioner:
     peak_budget: int | str | None = None  # bytes of the step's peak live memory
     count_gradients: bool = True  # False: the peak budget is for activations alone (no .grad)
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
+    costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
     settings: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.costs not in ("roofline", "profile"):
+            raise ValueError(f"costs must be 'roofline' or 'profile', got {self.costs!r}")
         parse_budget(self.budget)  # fail early on a budget that does not parse
         peak = parse_budget(self.peak_budget)
         if isinstance(peak, Fraction):
@@ -99,6 +102,7 @@ class Partitioner:
             return tp.default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static_lifetime_input_indices)
         problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile,
+                                costs=self.costs,
                                 count_input_bytes=self.count_input_bytes, node_info=info)
         requested = self._budget_in_force(joint_module, info)
         if self.solver == TORCH_SOLVER and self._plan_data is None:
@@ -166,7 +170,7 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
-                rng_replay: bool = True, **options: Any) -> Partitioner:
+                rng_replay: bool = True, costs: str = "roofline", **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -182,10 +186,12 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     between steps anyway, e.g. with gradient accumulation, only activations are the plan's to fit).
     ``rng_replay``: random ops (dropout) may be recomputed by replaying the RNG state the forward
     saves for them (its bytes count like any saved value); False never recomputes them.
+    ``costs="profile"``: recompute costs timed on the device the graph runs on (cached on disk)
+    instead of the roofline estimate of ``device``.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
-                       count_gradients=count_gradients, rng_replay=rng_replay)
+                       count_gradients=count_gradients, rng_replay=rng_replay, costs=costs)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

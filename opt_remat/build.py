@@ -9,6 +9,7 @@ with bans are settled in ``tags``).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any, Mapping
 
@@ -117,8 +118,14 @@ def build_problem(
     device: str | DeviceProfile | Mapping[str, Any] = "h100",
     count_input_bytes: bool = False,
     node_info: tp.NodeInfo | None = None,
+    costs: str = "roofline",
 ) -> Problem:
-    """The save/recompute problem of a (prepared) joint graph; node names are the FX names."""
+    """The save/recompute problem of a (prepared) joint graph; node names are the FX names.
+    ``costs``: "roofline" (estimated from flops and bytes on ``device``'s profile) or "profile"
+    (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``)."""
+    if costs not in ("roofline", "profile"):
+        raise ValueError(f"costs must be 'roofline' or 'profile', got {costs!r}")
+    timed: list[fx.Node] = []  # the ops "profile" measures
     profile = get_profile(device)
     info = node_info or classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     op_types = tp.get_default_op_list()
@@ -209,6 +216,8 @@ def build_problem(
         if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
             view_like = is_view or node.target is operator.getitem
             cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
+            if costs == "profile" and not view_like:
+                timed.append(node)
         nodes.append(Node(
             name=node.name,
             role=role,
@@ -226,6 +235,10 @@ def build_problem(
             module=_module_path(node),
         ))
     nodes = resolve_tag_conflicts(nodes, ban_reasons)
+    if timed:
+        from .profile_costs import profile_costs
+        measured = profile_costs(timed)
+        nodes = [dataclasses.replace(n, cost=measured[n.name]) if n.name in measured else n for n in nodes]
     return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storage_bytes,
                    count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
@@ -233,12 +246,12 @@ def build_problem(
 
 
 def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100",
-                       rng_replay: bool = True) -> tuple[Any, Problem]:
+                       rng_replay: bool = True, costs: str = "roofline") -> tuple[Any, Problem]:
     """A prepared copy of a captured ``opt_remat.capture.JointGraph`` (the graph plans are lowered
     on) and its problem: the capture -> problem stage in one call."""
     prepared = joint.copy()
     prepared.module = prepare_joint(prepared.module, rng_replay=rng_replay)
     problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
                             static_lifetime_input_indices=prepared.static_lifetime_input_indices,
-                            device=device)
+                            device=device, costs=costs)
     return prepared, problem

@@ -104,6 +104,8 @@ SCHEMA: dict[str, Any] = {
                 "meta": {"type": "boolean"},
             },
         },
+        # recompute costs: the device profile's roofline estimate, or timed on this machine
+        "costs": {"enum": ["roofline", "profile"]},
         "device": {
             "type": ["string", "object"],
             "if": {"type": "string"},
@@ -369,6 +371,10 @@ class Config:
     @property
     def device(self) -> Any:
         return self.data.get("device", "h100")
+
+    @property
+    def costs(self) -> str:
+        return self.data.get("costs", "roofline")
 
     @property
     def decompositions(self) -> str:

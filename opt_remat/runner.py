@@ -225,7 +225,7 @@ def materialize_all(cfg: Config) -> list[Workload]:
                                                   "step needs a backward")
         works = []
         for joint in graphs:
-            prepared, problem, top = _problem_of(joint, profile)
+            prepared, problem, top = _problem_of(joint, profile, cfg.costs)
             works.append(Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs,
                                   loss_fn=loss_fn, prepared=prepared, top_anchor_bytes=top,
                                   values=canonical_values(prepared.module, prepared.input_roles),
@@ -275,13 +275,13 @@ def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any
     return model
 
 
-def _problem_of(joint: Any, profile: Any) -> tuple[Any, Problem, int]:
+def _problem_of(joint: Any, profile: Any, costs: str = "roofline") -> tuple[Any, Problem, int]:
     """The prepared joint graph, its problem, and the saved bytes of torch's default min-cut on it
     (the top anchor of fractional budgets)."""
     from .build import classify, problem_from_joint
     from .torch_reference import torch_runtime_optimized_saved
 
-    prepared, problem = problem_from_joint(joint, device=profile)
+    prepared, problem = problem_from_joint(joint, device=profile, costs=costs)
     anchor = prepared.copy()  # torch's partitioner annotates the graph it is given
     anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
     top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
