@@ -21,13 +21,13 @@ from solvers.plans_io import read_plan_file
 from .build import build_problem, classify, prepare_joint
 from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
+from .errors import catchable
 from .lower import lower_plan
+from .options import TORCH_SOLVER, check_solver_options
 from .solve import choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
 from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
-
-TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the same interface
 
 # lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
 # bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
@@ -72,10 +72,8 @@ class Partitioner:
         self.profile = get_profile(self.device)
         self._noted_override = False  # the explicit-budget note is given once per partitioner
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
-        from solvers.registry import available
-        if self.solver not in available() + [TORCH_SOLVER]:
-            raise ValueError(f"unknown solver {self.solver!r}; available: "
-                             f"{', '.join(available() + [TORCH_SOLVER])}")
+        # the check YAML configs get: a misspelled option fails here, not at compile time
+        check_solver_options(self.solver, self.options, peak=self._peak_bytes is not None)
 
     def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
         """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
@@ -210,7 +208,7 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             # a cache hit would skip the partitioner (and its solver settings) altogether
             with inductor_config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
-                    functorch_config.patch(enable_autograd_cache=False), _roles_of(pfn, gm):
+                    functorch_config.patch(enable_autograd_cache=False), _roles_of(pfn, gm), catchable():
                 return compile_fx(gm, example_inputs)
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
@@ -225,7 +223,7 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
                              decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
 
         def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            with _roles_of(pfn, gm):
+            with _roles_of(pfn, gm), catchable():
                 return eager(gm, example_inputs)
 
         eager_backend.partitioner = pfn  # type: ignore[attr-defined]

@@ -308,6 +308,7 @@ def test_published_graph_config(tmp_path):
     assert len(recs) == 4 and all(r["saved_bytes"] <= r["budget_bytes"] for r in recs)
 
 
+@pytest.mark.slow  # a meta capture of a bigger model: run by .ci/run
 def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
     # the same model captured for real and with fake tensors: the problems match, so do the plans
     def config(meta: bool, out: str) -> Path:
