@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Sequence
 from solvers.budget import format_bytes
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
 class UsageError(ValueError):
@@ -113,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
                       echo=lambda s: print(s, flush=True))
     except KeyboardInterrupt:
         _err(f"interrupted; the pairs done so far are in {cfg.output_dir} (rerun to resume)")
-        return 130
+        return EXIT_INTERRUPTED
     if summary.failed_verification:
         _err(f"{summary.failed_verification} plan(s) failed verification (see the table above)")
         return 1
@@ -378,14 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .config import ConfigError
-    from .runner import RunError
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
         return int(exc.code or 0)
+    # imported after parsing: --help answers without importing torch
+    from .config import ConfigError
+    from .runner import RunError
+
     if args.command == "demo":
         args.budget = cli_budget(args.budget)
     try:
@@ -401,10 +404,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             _err(str(exc))
             return EXIT_BAD_INPUT
         raise
+    except KeyboardInterrupt:  # ``run`` says where its finished pairs are; other commands write at the end
+        _err("interrupted; nothing was written" if args.command == "solve" else "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into head and the like: stop quietly
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:  # output piped into head and the like
-        sys.exit(0)
+    sys.exit(main())

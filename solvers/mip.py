@@ -64,6 +64,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import interrupt
 from .mincut import _INF_BITS, InfeasibleError, lam_range, solve_mincut
 from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
 from .problem import Plan, Problem, Status, plan_from_saved
@@ -194,7 +195,9 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
 
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.01)
+    # after a Ctrl-C, later solves of the same call only read back their hint
+    solver.parameters.max_time_in_seconds = 0.01 if interrupt.requested() else max(time_limit_s - build_s, 0.01)
+    solver.parameters.catch_sigint_signal = False  # ours: stops the search and says so
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
     solver.parameters.cp_model_presolve = presolve
@@ -230,7 +233,8 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
         watch = _Watch()
         solver.best_bound_callback = watch.on_bound
     try:
-        status = solver.solve(m, watch)
+        with interrupt.stop_on_sigint(solver.stop_search):
+            status = solver.solve(m, watch)
     finally:
         if watch is not None:
             for t in timers:
@@ -238,6 +242,8 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {m.validate()}")
     detail: dict[str, object] = {"cpsat_status": solver.status_name(status), "build_s": build_s}
+    if interrupt.requested():
+        detail["interrupted"] = True
     if status == cp_model.INFEASIBLE:
         return _Result("infeasible", None, None, detail)
     values = None
@@ -802,6 +808,8 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
         saved: Sequence[str] = solved.plan_saved
         status = Status.OPTIMAL if res.status == "optimal" else Status.TIME_LIMIT
         message = "" if status is Status.OPTIMAL else "time limit reached; best plan found"
+        if interrupt.requested() and status is not Status.OPTIMAL:
+            message = "interrupted (Ctrl-C); best plan found"
     elif warm.plan is not None:
         saved = sorted(warm.plan.saved)
         status = Status.TIME_LIMIT

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
+from . import interrupt
 from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan
 from .mincut import InfeasibleError
 from .peak_search import improve_saved_sets
@@ -205,8 +206,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     start = time.perf_counter()
     deadline = start + float(time_limit_s)
 
-    def left() -> float:
-        return max(0.0, deadline - time.perf_counter())
+    def left() -> float:  # after a Ctrl-C (solvers.interrupt) no time is left: the best plan so far
+        return 0.0 if interrupt.requested() else max(0.0, deadline - time.perf_counter())
 
     frontier = _frontier(problem) + _candidate_plans(
         problem, ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates])
@@ -255,7 +256,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     fits_at, over_at = None, peak_budget if overshoot > 0 else None
     target, hint = peak_budget - overshoot, relaxed.saved
     shrink_until = time.perf_counter() + SHRINK_SHARE * time_limit_s
-    while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5:
+    while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5 and left() > 0:
         again = solve_relaxation(problem, primal, rows, target, budget, threads=threads, seed=seed,
                                  time_limit_s=min(shrink_until - time.perf_counter(), left(),
                                                   max(1.0, 0.1 * time_limit_s)),
@@ -578,10 +579,13 @@ def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, 
         for (v, k), var in c.items():
             m.AddHint(var, int(first_need.get(v) == k))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    # after a Ctrl-C, later solves of the same call only read back their hint
+    solver.parameters.max_time_in_seconds = 0.01 if interrupt.requested() else float(time_limit_s)
+    solver.parameters.catch_sigint_signal = False  # ours: stops the search and says so
     solver.parameters.num_workers = max(1, int(threads))
     solver.parameters.random_seed = int(seed)
-    status = solver.Solve(m)
+    with interrupt.stop_on_sigint(solver.stop_search):
+        status = solver.Solve(m)
     elapsed = time.perf_counter() - start
     if status == cp_model.INFEASIBLE:
         # The model over-counts, so plans it rejects may still fit: relax its limit and let the
