@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
 import time
 import warnings
 from pathlib import Path
@@ -74,6 +78,21 @@ class Partitioner:
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
         # the check YAML configs get: a misspelled option fails here, not at compile time
         check_solver_options(self.solver, self.options, peak=self._peak_bytes is not None)
+
+    def uuid(self) -> str:
+        """A key for everything that decides this partitioner's plans: solver, budgets, options,
+        device profile, plan-file content, capture settings, and opt-remat's own code (its
+        version and a hash of its sources, so an edited checkout misses too). Inductor's FX graph
+        cache and AOTAutograd's cache add it to their keys (with the graph and torch's settings)."""
+        plan_text = b"" if self.plan is None else Path(self.plan).read_bytes()
+        settings = {
+            "solver": self.solver, "budget": self.budget, "peak_budget": self.peak_budget,
+            "options": sorted((k, repr(v)) for k, v in self.options.items()),
+            "device": dataclasses.asdict(self.profile), "count_input_bytes": self.count_input_bytes,
+            "plan": hashlib.sha256(plan_text).hexdigest(), "settings": self.settings,
+            "code": code_fingerprint(),
+        }
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
 
     def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
         """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
@@ -155,6 +174,18 @@ class Partitioner:
                                             time.perf_counter() - start, values, gid))
         return fw_module, bw_module
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """opt-remat's version and a hash of the sources of ``opt_remat`` and ``solvers``."""
+    from .plans import versions
+
+    digest = hashlib.sha256(repr(sorted(versions().items())).encode())
+    for package in (Path(__file__).parent, Path(__file__).parent.parent / "solvers"):
+        for path in sorted(package.glob("*.py")):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
 def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
@@ -204,11 +235,13 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         from torch._inductor.compile_fx import compile_fx
 
         custom = _OptRematPartitionFn(pfn)
+        # the caches key on the partitioner's uuid(); a partition_fn without one must not be cached
+        caches = {} if isinstance(pfn, Partitioner) else {"fx_graph_cache": False}
+        autograd_caches = {} if isinstance(pfn, Partitioner) else {"enable_autograd_cache": False}
 
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            # a cache hit would skip the partitioner (and its solver settings) altogether
-            with inductor_config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
-                    functorch_config.patch(enable_autograd_cache=False), _roles_of(pfn, gm), catchable():
+            with inductor_config.patch(custom_partitioner_fn=custom, **caches), \
+                    functorch_config.patch(**autograd_caches), _roles_of(pfn, gm), catchable():
                 return compile_fx(gm, example_inputs)
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
@@ -256,5 +289,6 @@ class _OptRematPartitionFn(CustomPartitionerFn):
         kw.pop("compiler", None)
         return self.partition_fn(gm, joint_inputs, **kw)
 
-    def uuid(self) -> None:
-        return None  # plans depend on solver state: never reuse cached compilations
+    def uuid(self) -> str | None:
+        uuid = getattr(self.partition_fn, "uuid", None)
+        return uuid() if callable(uuid) else None  # None: backend() turns the caches off
