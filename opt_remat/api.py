@@ -27,8 +27,8 @@ from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
 from .errors import catchable
 from .lower import lower_plan
-from .options import TORCH_SOLVER, check_solver_options
-from .solve import choose_peak_plan, choose_plan, resolve_budget
+from .options import TORCH_SOLVER, check_solver_options, default_solver_options
+from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
 from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
@@ -55,7 +55,7 @@ class PartitionRecord:
 @dataclass
 class Partitioner:
     """A ``partition_fn`` for AOTAutograd (same signature as torch's min-cut partitioner)."""
-    solver: str = "mincut"
+    solver: str | None = None  # None: mincut, or under a budget mincut then a short CP-SAT search
     budget: int | float | str | None = None
     device: str | DeviceProfile | Mapping[str, Any] = "h100"
     options: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +97,7 @@ class Partitioner:
     def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
         """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
         opts = dict(self.options)
-        if self.solver == "mincut" and budget is None:
+        if self.solver in ("mincut", None) and budget is None:
             lam = opts.get("lam", "auto")
             opts["lam"] = AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth if lam == "auto" else float(lam)
         return opts
@@ -132,8 +132,11 @@ class Partitioner:
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
             if self._peak_bytes is not None:
-                plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options,
+                plan = choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, self.options,
                                         default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth)
+            elif self.solver is None:
+                split = default_solver_options(self.solver_options(requested))
+                plan = choose_default_plan(steer, budget, split["mincut"], split["cpsat"])
             else:
                 plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
             plan = realized_plan(problem, plan)
@@ -186,7 +189,7 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
+def partitioner(solver: str | None = None, budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, **options: Any) -> Partitioner:
@@ -195,7 +198,10 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
     torch's ``activation_memory_budget``; without it, torch's own settings apply
     (``torch._functorch.config.activation_memory_budget`` and
-    ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none). ``options`` go to the solver (e.g. ``lam`` for mincut,
+    ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none).
+    ``solver``: None (default) is min-cut, and under a budget min-cut followed by a CP-SAT search
+    of at most 0.8 s started from its plans, keeping the cheaper plan; a named solver is used alone
+    (``"mincut"``: the pure fast path). ``options`` go to the solver (e.g. ``lam`` for mincut,
     ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp; ``symmetry="warm"`` or
     ``"tie"`` for cpsat/milp on models of repeated layers, see ``solvers.mip.solve_mip``). ``plan``: a JSON plan
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
@@ -217,7 +223,7 @@ def _decompositions(name: str | Mapping | None) -> Mapping:
     raise ValueError(f"decompositions must be 'inductor', 'none' or a table, got {name!r}")
 
 
-def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
+def backend(solver: str | None = None, budget: int | float | str | None = None, *,
             compiler: str | Callable[..., Any] = "inductor", decompositions: str | Mapping | None = None,
             partition_fn: Partitioner | None = None, **options: Any) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions with opt-remat.

@@ -12,6 +12,8 @@ TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the
 # option enums the registry functions cannot express in their signatures
 OPTION_ENUMS = {("milp", "backend"): ["cbc", "highs"], ("mincut", "backend"): ["ortools", "networkx"],
                 ("cpsat", "symmetry"): ["none", "tie", "warm"], ("milp", "symmetry"): ["none", "tie", "warm"]}
+# no solver named: min-cut, then (under a budget) a short CP-SAT search from its plan
+DEFAULT_SOLVERS = ("mincut", "cpsat")
 # options of the peak-budget search (``solvers.peak.solve_peak``) beyond the solver's own
 PEAK_OPTIONS = ("stages", "gap")
 
@@ -69,9 +71,28 @@ def option_error(solver: str, key: str, value: Any, param: inspect.Parameter) ->
     return None if ok else f"expected {want}, got {describe(value)}"
 
 
-def check_solver_options(solver: str, options: Mapping[str, Any], *, peak: bool = False) -> None:
+def default_solver_options(options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The options of the default path (no solver named) split by the solver that takes them."""
+    split: dict[str, dict[str, Any]] = {name: {} for name in DEFAULT_SOLVERS}
+    for key, value in options.items():
+        owner = next(name for name in DEFAULT_SOLVERS if key in solver_parameters(name))
+        split[owner][key] = value
+    return split
+
+
+def check_solver_options(solver: str | None, options: Mapping[str, Any], *, peak: bool = False) -> None:
     """Raise ValueError naming the valid options if ``options`` has one ``solver`` does not take
-    (with ``peak``, the peak search's options are valid too) or a value of the wrong kind."""
+    (with ``peak``, the peak search's options are valid too) or a value of the wrong kind.
+    ``solver=None`` is the default path: the options of ``mincut`` and ``cpsat``."""
+    if solver is None:
+        names = [k for name in DEFAULT_SOLVERS for k in solver_parameters(name)]
+        for key, value in options.items():
+            owner = next((name for name in DEFAULT_SOLVERS if key in solver_parameters(name)), None)
+            if owner is None:
+                raise ValueError(f"unknown option {key!r} for the default solvers (mincut, then cpsat); "
+                                 f"expected one of: {', '.join(names)}")
+            check_solver_options(owner, {key: value}, peak=peak)
+        return
     if solver not in known_solvers():
         raise ValueError(f"unknown solver {solver!r}; available: {', '.join(known_solvers())}")
     params = solver_parameters(solver)

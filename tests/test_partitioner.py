@@ -171,6 +171,9 @@ def test_misspelled_solver_option_fails_when_made():
         opt_remat.partitioner("milp", backend="gurobi")
     opt_remat.partitioner("cpsat", peak_budget="1MiB", stages=4)  # the peak search's own options
     opt_remat.partitioner("mincut", lam="auto")
+    with pytest.raises(ValueError, match="unknown option 'time_limt_s' for the default solvers"):
+        opt_remat.partitioner(budget=0.5, time_limt_s=3)
+    opt_remat.partitioner(budget=0.5, time_limit_s=2, lam=0.1)  # cpsat's and mincut's
 
 
 def _dropout_mlp():
