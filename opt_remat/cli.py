@@ -342,11 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config value (YAML), e.g. --set budgets=[0.5] --set solvers.1.time_limit_s=5")
     run.add_argument("--jobs", type=int, default=1, help="solve pairs in N parallel processes")
-    run.add_argument("--executor", choices=["process", "ray"], default="process")
+    run.add_argument("--executor", choices=["process", "ray"], default="process",
+                     help="where the --jobs workers run: local processes (default) or a ray cluster "
+                          "(pip install 'opt-remat[ray]')")
     run.set_defaults(func=_run)
 
     solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
-    solve.add_argument("config")
+    solve.add_argument("config", help="a YAML run configuration: its model, capture settings, budgets and solvers")
     solve.add_argument("--solver", default=None,
                        help="a solver name or a label from the config; default: the config's first solver")
     solve.add_argument("--budget", default=None,
@@ -369,12 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=_compare)
 
     demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it")
-    demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"])
-    demo.add_argument("--layers", type=int, default=2)
-    demo.add_argument("--batch", type=int, default=2)
-    demo.add_argument("--solvers", nargs="+", default=["mincut"])
+    demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"],
+                      help="the built-in model to partition (default gpt2, with dropout)")
+    demo.add_argument("--layers", type=int, default=2, help="blocks of gpt2, llama or mlp (default 2)")
+    demo.add_argument("--batch", type=int, default=2, help="batch size of the example inputs (default 2)")
+    demo.add_argument("--solvers", nargs="+", default=["mincut"],
+                      help="solvers to compare, each checked against save-all's gradients (default mincut)")
     demo.add_argument("--budget", default=None, help="saved bytes ('2MiB') or a fraction (0.5)")
-    demo.add_argument("--device", default="h100")
+    demo.add_argument("--device", default="h100",
+                      help="the device profile recompute costs are estimated for (h100, a100, ...)")
     demo.set_defaults(func=_demo)
     return parser
 
@@ -392,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         args.budget = cli_budget(args.budget)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # a reader that went away (| head) shows here, handled below
+        return rc
     except (ConfigError, UsageError) as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT

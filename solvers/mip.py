@@ -286,6 +286,22 @@ def _milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[f
     return cols, coefs, lows
 
 
+def _quiet_highs(highspy: Any) -> Any:
+    """A HiGHS instance, without the banner its constructor prints to the process's stdout (it
+    comes before any option can turn output off, and lands in the middle of a run's table)."""
+    import sys
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _run_highs(model: Model, objective: dict[int, float], budget: int | None,
                hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
                cap: tuple[dict[int, float], float] | None = None, gap_abs: float) -> _Result:
@@ -328,7 +344,7 @@ def _run_highs(model: Model, objective: dict[int, float], budget: int | None,
     lp.a_matrix_.value_ = np.fromiter((v for c in coefs for v in c), dtype=np.float64,
                                       count=int(lengths.sum()))
     lp.integrality_ = [highspy.HighsVarType.kInteger] * model.num_vars
-    h = highspy.Highs()
+    h = _quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(time_limit_s - (time.perf_counter() - t0), 0.01))
     h.setOptionValue("mip_rel_gap", _MILP_GAP_REL)
