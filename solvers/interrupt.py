@@ -46,7 +46,7 @@ def stop_on_sigint(stop: Callable[[], None]) -> Iterator[None]:
 
     def watch() -> None:
         while not done.is_set():
-            ready, _, _ = select.select([r], [], [], 0.05)
+            ready, _, _ = select.select([r], [], [], 1.0)
             if ready:
                 try:
                     data = os.read(r, 64)
@@ -66,6 +66,7 @@ def stop_on_sigint(stop: Callable[[], None]) -> Iterator[None]:
         signal.set_wakeup_fd(previous_fd)
         signal.signal(signal.SIGINT, previous_handler)
         done.set()
+        os.write(w, b"\0")  # wake the watcher now (not at its next poll): solves can be many and short
         watcher.join()
         os.close(r)
         os.close(w)
