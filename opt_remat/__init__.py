@@ -1,13 +1,33 @@
-"""opt-remat: choose which activations a PyTorch training step saves and which it recomputes."""
+"""opt-remat: choose which activations a PyTorch training step saves and which it recomputes.
 
-from .api import Partitioner, PartitionRecord, backend, partitioner
-from .build import GraphError, build_problem
-from .costs import PROFILES, DeviceProfile, get_profile
-from .lower import lower_plan
-from .memory import PeakMeter, simulate
-from .solve import BudgetError, PeakBudgetError
+Names are imported on first use, so that ``opt-remat --help`` and the solver-only modules do not
+pay for importing torch.
+"""
 
-__all__ = [
-    "BudgetError", "DeviceProfile", "PeakBudgetError", "PeakMeter", "simulate", "GraphError", "PROFILES", "PartitionRecord", "Partitioner",
-    "backend", "build_problem", "get_profile", "lower_plan", "partitioner",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Partitioner": "api", "PartitionRecord": "api", "backend": "api", "partitioner": "api",
+    "GraphError": "build", "build_problem": "build",
+    "PROFILES": "costs", "DeviceProfile": "costs", "get_profile": "costs",
+    "unwrap": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
+    "BudgetError": "solve", "PeakBudgetError": "solve", "SolveInterrupted": "solve",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opt_remat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

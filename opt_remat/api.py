@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
 import time
 import warnings
 from pathlib import Path
@@ -21,13 +25,13 @@ from solvers.plans_io import read_plan_file
 from .build import build_problem, classify, prepare_joint
 from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
+from .errors import catchable
 from .lower import lower_plan
-from .solve import choose_peak_plan, choose_plan, resolve_budget
+from .options import TORCH_SOLVER, check_solver_options, default_solver_options
+from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
 from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
-
-TORCH_SOLVER = "torch"  # torch's own partitioner, run as a baseline through the same interface
 
 # lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
 # bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
@@ -51,7 +55,7 @@ class PartitionRecord:
 @dataclass
 class Partitioner:
     """A ``partition_fn`` for AOTAutograd (same signature as torch's min-cut partitioner)."""
-    solver: str = "mincut"
+    solver: str | None = None  # None: mincut, or under a budget mincut then a short CP-SAT search
     budget: int | float | str | None = None
     device: str | DeviceProfile | Mapping[str, Any] = "h100"
     options: dict[str, Any] = field(default_factory=dict)
@@ -77,15 +81,29 @@ class Partitioner:
         self.profile = get_profile(self.device)
         self._noted_override = False  # the explicit-budget note is given once per partitioner
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
-        from solvers.registry import available
-        if self.solver not in available() + [TORCH_SOLVER]:
-            raise ValueError(f"unknown solver {self.solver!r}; available: "
-                             f"{', '.join(available() + [TORCH_SOLVER])}")
+        # the check YAML configs get: a misspelled option fails here, not at compile time
+        check_solver_options(self.solver, self.options, peak=self._peak_bytes is not None)
+
+    def uuid(self) -> str:
+        """A key for everything that decides this partitioner's plans: solver, budgets, options,
+        device profile, plan-file content, capture settings, and opt-remat's own code (its
+        version and a hash of its sources, so an edited checkout misses too). Inductor's FX graph
+        cache and AOTAutograd's cache add it to their keys (with the graph and torch's settings)."""
+        plan_text = b"" if self.plan is None else Path(self.plan).read_bytes()
+        settings = {
+            "solver": self.solver, "budget": self.budget, "peak_budget": self.peak_budget,
+            "options": sorted((k, repr(v)) for k, v in self.options.items()),
+            "device": dataclasses.asdict(self.profile), "count_input_bytes": self.count_input_bytes,
+            "plan": hashlib.sha256(plan_text).hexdigest(), "settings": self.settings,
+            "count_gradients": self.count_gradients, "rng_replay": self.rng_replay, "costs": self.costs,
+            "code": code_fingerprint(),
+        }
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
 
     def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
         """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
         opts = dict(self.options)
-        if self.solver == "mincut" and budget is None:
+        if self.solver in ("mincut", None) and budget is None:
             lam = opts.get("lam", "auto")
             opts["lam"] = AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth if lam == "auto" else float(lam)
         return opts
@@ -123,9 +141,12 @@ class Partitioner:
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
             if self._peak_bytes is not None:
-                plan = choose_peak_plan(steer, self.solver, self._peak_bytes, budget, self.options,
+                plan = choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, self.options,
                                         default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth,
                                         count_gradients=self.count_gradients)
+            elif self.solver is None:
+                split = default_solver_options(self.solver_options(requested))
+                plan = choose_default_plan(steer, budget, split["mincut"], split["cpsat"])
             else:
                 plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
             plan = realized_plan(problem, plan)
@@ -166,7 +187,19 @@ class Partitioner:
                                             time.perf_counter() - start, values, gid))
         return fw_module, bw_module
 
-def partitioner(solver: str = "mincut", budget: int | float | str | None = None, *,
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """opt-remat's version and a hash of the sources of ``opt_remat`` and ``solvers``."""
+    from .plans import versions
+
+    digest = hashlib.sha256(repr(sorted(versions().items())).encode())
+    for package in (Path(__file__).parent, Path(__file__).parent.parent / "solvers"):
+        for path in sorted(package.glob("*.py")):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def partitioner(solver: str | None = None, budget: int | float | str | None = None, *,
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
@@ -176,7 +209,10 @@ def partitioner(solver: str = "mincut", budget: int | float | str | None = None,
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
     torch's ``activation_memory_budget``; without it, torch's own settings apply
     (``torch._functorch.config.activation_memory_budget`` and
-    ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none). ``options`` go to the solver (e.g. ``lam`` for mincut,
+    ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none).
+    ``solver``: None (default) is min-cut, and under a budget min-cut followed by a CP-SAT search
+    of at most 0.8 s started from its plans, keeping the cheaper plan; a named solver is used alone
+    (``"mincut"``: the pure fast path). ``options`` go to the solver (e.g. ``lam`` for mincut,
     ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp; ``symmetry="warm"`` or
     ``"tie"`` for cpsat/milp on models of repeated layers, see ``solvers.mip.solve_mip``). ``plan``: a JSON plan
     saved by ``opt-remat solve``, applied instead of solving; refused if made for another graph.
@@ -205,7 +241,7 @@ def _decompositions(name: str | Mapping | None) -> Mapping:
     raise ValueError(f"decompositions must be 'inductor', 'none' or a table, got {name!r}")
 
 
-def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
+def backend(solver: str | None = None, budget: int | float | str | None = None, *,
             compiler: str | Callable[..., Any] = "inductor", decompositions: str | Mapping | None = None,
             partition_fn: Partitioner | None = None, **options: Any) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions with opt-remat.
@@ -223,11 +259,13 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
         from torch._inductor.compile_fx import compile_fx
 
         custom = _OptRematPartitionFn(pfn)
+        # the caches key on the partitioner's uuid(); a partition_fn without one must not be cached
+        caches = {} if isinstance(pfn, Partitioner) else {"fx_graph_cache": False}
+        autograd_caches = {} if isinstance(pfn, Partitioner) else {"enable_autograd_cache": False}
 
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            # a cache hit would skip the partitioner (and its solver settings) altogether
-            with inductor_config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
-                    functorch_config.patch(enable_autograd_cache=False), _roles_of(pfn, gm):
+            with inductor_config.patch(custom_partitioner_fn=custom, **caches), \
+                    functorch_config.patch(**autograd_caches), _roles_of(pfn, gm), catchable():
                 return compile_fx(gm, example_inputs)
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
@@ -242,7 +280,7 @@ def backend(solver: str = "mincut", budget: int | float | str | None = None, *,
                              decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
 
         def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            with _roles_of(pfn, gm):
+            with _roles_of(pfn, gm), catchable():
                 return eager(gm, example_inputs)
 
         eager_backend.partitioner = pfn  # type: ignore[attr-defined]
@@ -275,5 +313,6 @@ class _OptRematPartitionFn(CustomPartitionerFn):
         kw.pop("compiler", None)
         return self.partition_fn(gm, joint_inputs, **kw)
 
-    def uuid(self) -> None:
-        return None  # plans depend on solver state: never reuse cached compilations
+    def uuid(self) -> str | None:
+        uuid = getattr(self.partition_fn, "uuid", None)
+        return uuid() if callable(uuid) else None  # None: backend() turns the caches off

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Sequence
 from solvers.budget import format_bytes
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
 class UsageError(ValueError):
@@ -113,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
                       echo=lambda s: print(s, flush=True))
     except KeyboardInterrupt:
         _err(f"interrupted; the pairs done so far are in {cfg.output_dir} (rerun to resume)")
-        return 130
+        return EXIT_INTERRUPTED
     if summary.failed_verification:
         _err(f"{summary.failed_verification} plan(s) failed verification (see the table above)")
         return 1
@@ -342,11 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config value (YAML), e.g. --set budgets=[0.5] --set solvers.1.time_limit_s=5")
     run.add_argument("--jobs", type=int, default=1, help="solve pairs in N parallel processes")
-    run.add_argument("--executor", choices=["process", "ray"], default="process")
+    run.add_argument("--executor", choices=["process", "ray"], default="process",
+                     help="where the --jobs workers run: local processes (default) or a ray cluster "
+                          "(pip install 'opt-remat[ray]')")
     run.set_defaults(func=_run)
 
     solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
-    solve.add_argument("config")
+    solve.add_argument("config", help="a YAML run configuration: its model, capture settings, budgets and solvers")
     solve.add_argument("--solver", default=None,
                        help="a solver name or a label from the config; default: the config's first solver")
     solve.add_argument("--budget", default=None,
@@ -369,29 +373,35 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=_compare)
 
     demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it")
-    demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"])
-    demo.add_argument("--layers", type=int, default=2)
-    demo.add_argument("--batch", type=int, default=2)
-    demo.add_argument("--solvers", nargs="+", default=["mincut"])
+    demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"],
+                      help="the built-in model to partition (default gpt2, with dropout)")
+    demo.add_argument("--layers", type=int, default=2, help="blocks of gpt2, llama or mlp (default 2)")
+    demo.add_argument("--batch", type=int, default=2, help="batch size of the example inputs (default 2)")
+    demo.add_argument("--solvers", nargs="+", default=["mincut"],
+                      help="solvers to compare, each checked against save-all's gradients (default mincut)")
     demo.add_argument("--budget", default=None, help="saved bytes ('2MiB') or a fraction (0.5)")
-    demo.add_argument("--device", default="h100")
+    demo.add_argument("--device", default="h100",
+                      help="the device profile recompute costs are estimated for (h100, a100, ...)")
     demo.set_defaults(func=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .config import ConfigError
-    from .runner import RunError
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
         return int(exc.code or 0)
+    # imported after parsing: --help answers without importing torch
+    from .config import ConfigError
+    from .runner import RunError
+
     if args.command == "demo":
         args.budget = cli_budget(args.budget)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # a reader that went away (| head) shows here, handled below
+        return rc
     except (ConfigError, UsageError) as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
@@ -403,10 +413,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             _err(str(exc))
             return EXIT_BAD_INPUT
         raise
+    except KeyboardInterrupt:  # ``run`` says where its finished pairs are; other commands write at the end
+        _err("interrupted; nothing was written" if args.command == "solve" else "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into head and the like: stop quietly
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:  # output piped into head and the like
-        sys.exit(0)
+    sys.exit(main())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -38,16 +37,13 @@ import yaml
 
 from solvers.budget import Fraction, parse_budget
 
+from .options import TORCH_SOLVER, known_solvers, option_error, solver_parameters
+from .options import describe as _describe
+
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 INT_DTYPES = ["int64", "int32", "int16", "int8", "uint8", "bool"]
 FORMATS = ["table", "json", "csv", "plot"]
 BUILTIN_FACTORIES = {"mlp", "gpt2", "llama", "resnet"}
-TORCH_SOLVER = "torch"  # torch's own min-cut at activation_memory_budget, run on the FX graph
-
-# option enums the registry functions cannot express in their signatures
-_OPTION_ENUMS = {("milp", "backend"): ["cbc", "highs"], ("mincut", "backend"): ["ortools", "networkx"],
-                 ("cpsat", "symmetry"): ["none", "tie", "warm"], ("milp", "symmetry"): ["none", "tie", "warm"]}
-
 _INPUT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -184,15 +180,6 @@ def field_name(path: Sequence[Any]) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
-
-
-def _describe(value: Any) -> str:
-    text = repr(value)
-    kind = {dict: "a mapping", list: "a list", bool: "a boolean", int: "an integer", float: "a number",
-            str: "a string", type(None): "null"}.get(type(value), type(value).__name__)
-    if len(text) > 40:
-        return kind
-    return f"{kind} {text}" if not isinstance(value, (dict, list)) else kind
 
 
 # ---- YAML with line numbers ---------------------------------------------------------------------
@@ -466,27 +453,6 @@ def _solver_specs(entries: list[Any]) -> list[SolverSpec]:
     return specs
 
 
-def known_solvers() -> list[str]:
-    """Solver names a configuration may use: the registry's, plus ``torch``."""
-    from solvers.registry import available
-    try:  # the MIP solvers register themselves when their module is imported
-        importlib.import_module("solvers.mip")
-    except ImportError:
-        pass
-    return sorted(set(available()) | {TORCH_SOLVER})
-
-
-def solver_parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The keyword options a registered solver takes (empty for ``torch``)."""
-    if name == TORCH_SOLVER:
-        return {}
-    from solvers import registry
-    known_solvers()
-    fn = registry._SOLVERS[name]
-    params = list(inspect.signature(fn).parameters.values())[2:]  # (problem, budget, **options)
-    return {p.name: p for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-
-
 def import_factory(cfg: Config, path: tuple) -> Callable[..., Any]:
     """The callable named by ``module:attr`` (the config file's folder is importable too)."""
     spec = cfg.data
@@ -643,27 +609,9 @@ def validate(cfg: Config) -> None:
 
 
 def _check_option(cfg: Config, path: tuple, solver: str, key: str, value: Any, param: inspect.Parameter) -> None:
-    enum = _OPTION_ENUMS.get((solver, key))
-    if enum is not None:
-        if value not in enum:
-            raise cfg.error(path, f"expected one of {enum}, got {_describe(value)}")
-        return
-    default = param.default
-    if isinstance(default, bool):
-        ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(default, float) or key in ("time_limit_s", "lam"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-        want = "a number"
-    elif isinstance(default, str):
-        ok, want = isinstance(value, str), "a string"
-    else:
-        ok, want = isinstance(value, (int, float, str, bool)) or value is None, "a scalar"
-    if ok and want in ("an integer", "a number") and value is not None and value < 0:
-        ok, want = False, want + " >= 0"
-    if not ok:
-        raise cfg.error(path, f"expected {want}, got {_describe(value)}")
+    why = option_error(solver, key, value, param)
+    if why is not None:
+        raise cfg.error(path, why)
 
 
 def _schema_error(cfg: Config, errors: list[jsonschema.ValidationError]) -> ConfigError:

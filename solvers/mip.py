@@ -64,6 +64,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import interrupt
 from .mincut import _INF_BITS, InfeasibleError, lam_range, solve_mincut
 from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
 from .problem import Plan, Problem, Status, plan_from_saved
@@ -194,7 +195,9 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
 
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.01)
+    # after a Ctrl-C, later solves of the same call only read back their hint
+    solver.parameters.max_time_in_seconds = 0.01 if interrupt.requested() else max(time_limit_s - build_s, 0.01)
+    solver.parameters.catch_sigint_signal = False  # ours: stops the search and says so
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
     solver.parameters.cp_model_presolve = presolve
@@ -241,7 +244,8 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
         watcher = threading.Thread(target=stop_after_grace, daemon=True)
         watcher.start()
     try:
-        status = solver.solve(m, watch)
+        with interrupt.stop_on_sigint(solver.stop_search):
+            status = solver.solve(m, watch)
     finally:
         if watcher is not None:
             with lock:
@@ -251,6 +255,8 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {m.validate()}")
     detail: dict[str, object] = {"cpsat_status": solver.status_name(status), "build_s": build_s}
+    if interrupt.requested():
+        detail["interrupted"] = True
     if status == cp_model.INFEASIBLE:
         return _Result("infeasible", None, None, detail)
     values = None
@@ -291,6 +297,22 @@ def _milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[f
             coefs.append([-1.0, 1.0])
             lows.append(0.0)
     return cols, coefs, lows
+
+
+def _quiet_highs(highspy: Any) -> Any:
+    """A HiGHS instance, without the banner its constructor prints to the process's stdout (it
+    comes before any option can turn output off, and lands in the middle of a run's table)."""
+    import sys
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _run_highs(model: Model, objective: dict[int, float], budget: int | None,
@@ -335,7 +357,7 @@ def _run_highs(model: Model, objective: dict[int, float], budget: int | None,
     lp.a_matrix_.value_ = np.fromiter((v for c in coefs for v in c), dtype=np.float64,
                                       count=int(lengths.sum()))
     lp.integrality_ = [highspy.HighsVarType.kInteger] * model.num_vars
-    h = highspy.Highs()
+    h = _quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(time_limit_s - (time.perf_counter() - t0), 0.01))
     h.setOptionValue("mip_rel_gap", _MILP_GAP_REL)
@@ -819,6 +841,8 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
         saved: Sequence[str] = solved.plan_saved
         status = Status.OPTIMAL if res.status == "optimal" else Status.TIME_LIMIT
         message = "" if status is Status.OPTIMAL else "time limit reached; best plan found"
+        if interrupt.requested() and status is not Status.OPTIMAL:
+            message = "interrupted (Ctrl-C); best plan found"
     elif warm.plan is not None:
         saved = sorted(warm.plan.saved)
         status = Status.TIME_LIMIT

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from typing import Iterable
 
+from . import interrupt
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import InfeasibleError
 from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
@@ -78,8 +79,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     start = time.perf_counter()
     deadline = start + float(time_limit_s)
 
-    def left() -> float:
-        return max(0.0, deadline - time.perf_counter())
+    def left() -> float:  # after a Ctrl-C (solvers.interrupt) no time is left: the best plan so far
+        return 0.0 if interrupt.requested() else max(0.0, deadline - time.perf_counter())
 
     frontier = _frontier(problem) + _candidate_plans(
         problem, ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates])
@@ -132,7 +133,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     target = peak_budget if use_chains else peak_budget - overshoot
     hint = relaxed.saved
     shrink_until = time.perf_counter() + (SHRINK_SHARE_CHAINS if use_chains else SHRINK_SHARE) * time_limit_s
-    while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5:
+    while over_at is not None and not done() and time.perf_counter() < shrink_until - 0.5 and left() > 0:
         again = solve_relaxation(problem, primal, rows, target, budget, threads=threads, seed=seed,
                                  time_limit_s=min(shrink_until - time.perf_counter(), left(),
                                                   max(1.0, (0.5 if use_chains else 0.1) * time_limit_s)),

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import interrupt
 from .liveness import simulate_plan
 from .mincut import InfeasibleError
 from .peak_candidates import _cheapest_fitting, _frontier, _infeasible
@@ -375,10 +376,13 @@ def _solve_model(problem: Problem, peak_budget: int, budget: int | None = None, 
         for (v, k), var in c.items():
             m.AddHint(var, int(first_need.get(v) == k))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    # after a Ctrl-C, later solves of the same call only read back their hint
+    solver.parameters.max_time_in_seconds = 0.01 if interrupt.requested() else float(time_limit_s)
+    solver.parameters.catch_sigint_signal = False  # ours: stops the search and says so
     solver.parameters.num_workers = max(1, int(threads))
     solver.parameters.random_seed = int(seed)
-    status = solver.Solve(m)
+    with interrupt.stop_on_sigint(solver.stop_search):
+        status = solver.Solve(m)
     elapsed = time.perf_counter() - start
     if status == cp_model.INFEASIBLE:
         # The model over-counts, so plans it rejects may still fit: relax its limit and let the

@@ -83,3 +83,27 @@ def test_infeasible_budget_names_the_smallest_feasible(solver):
     assert err.min_feasible_bytes > 1 and str(err.min_feasible_bytes) in str(err)
     _, rec = _step(model, inputs, solver, err.min_feasible_bytes)  # and that budget is feasible
     assert rec.plan.saved_bytes <= err.min_feasible_bytes
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "resnet"])
+def test_default_solver_under_a_budget_is_near_the_exact_optimum(name):
+    from opt_remat.models import resnet
+    from opt_remat.solve import choose_plan
+
+    torch.manual_seed(0)
+    model = resnet() if name == "resnet" else _setup(name)[0]
+    inputs = example_inputs(name, model)
+    for fraction in (0.5, 0.2):
+        torch._dynamo.reset()
+        be = opt_remat.backend(budget=fraction, compiler="eager", decompositions="inductor")
+        training_step(model, inputs, be, seed=5)
+        rec = be.partitioner.history[-1]
+        assert check_plan(rec.problem, rec.plan, budget=rec.budget_bytes).valid
+        exact = choose_plan(rec.problem, "cpsat", rec.budget_bytes, {"time_limit_s": 30})
+        assert exact.status.value == "optimal"
+        assert rec.plan.recompute_cost <= 1.05 * exact.recompute_cost + 1e-15, (fraction, rec.plan.solver)
+        # named, min-cut stays the pure min-cut search
+        torch._dynamo.reset()
+        be = opt_remat.backend("mincut", fraction, compiler="eager", decompositions="inductor")
+        training_step(model, inputs, be, seed=5)
+        assert be.partitioner.history[-1].plan.solver == "mincut"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from opt_remat.build import problem_from_joint
@@ -41,6 +42,7 @@ def test_saved_bytes_scale_per_layer():
     assert s3 > s2 and s5 == s3 + 2 * (s3 - s2)
 
 
+@pytest.mark.slow  # a 7B-shaped capture: run by .ci/run
 def test_llama_7b_shaped_capture_stays_small():
     script = textwrap.dedent("""
         import json, resource, torch

@@ -308,6 +308,7 @@ def test_published_graph_config(tmp_path):
     assert len(recs) == 4 and all(r["saved_bytes"] <= r["budget_bytes"] for r in recs)
 
 
+@pytest.mark.slow  # a meta capture of a bigger model: run by .ci/run
 def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
     # the same model captured for real and with fake tensors: the problems match, so do the plans
     def config(meta: bool, out: str) -> Path:
@@ -385,3 +386,23 @@ def test_peak_budgets_in_a_run(tmp_path, capsys):
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert "budgets[0].peak" in err and "not a fraction" in err
+
+
+def test_show_piped_into_head_and_help_without_torch(tiny_run, tmp_path):
+    import os
+    import subprocess
+    _, out = tiny_run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    plan_file = next((out / "plans").glob("*.json"))
+    proc = subprocess.Popen([sys.executable, "-m", "opt_remat.cli", "show", "--names", str(plan_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # as `| head` does once it has its lines: every write fails
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err
+    assert err == b"", err
+    (tmp_path / "bin.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    assert main(["show", str(tmp_path / "bin.json")]) == 2
+    check = subprocess.run([sys.executable, "-c", "import sys; from opt_remat.cli import main; "
+                            "rc = main(['run', '--help']); assert 'torch' not in sys.modules; sys.exit(rc)"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert check.returncode == 0 and "--executor" in check.stdout, check.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import random
 
@@ -13,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import solvers.mip as mip
 import solvers.mip_model as mip_model
 from solvers import InfeasibleError, Node, Problem, Role, Status, check_plan, recompute_closure
-from solvers.brute_force import brute_force
+from solvers.brute_force import Enumeration, brute_force
 from solvers.mincut import mincut_under_budget
 from solvers.mip import BudgetInfeasibleError, solve_mip
 from solvers.random_problems import random_problem
@@ -22,16 +21,10 @@ from solvers.registry import available, solve
 ENGINES = ("cpsat", "cbc", "highs")
 
 
-def _min_feasible_bytes(problem: Problem) -> int | None:
+def _min_feasible_bytes(problem: Problem | Enumeration) -> int | None:
     """The smallest saved bytes of any valid plan, by enumerating saved sets."""
-    choices = [n.name for n in problem.candidates if problem.can_save(n.name)]
-    best = None
-    for r in range(len(choices) + 1):
-        for combo in itertools.combinations(choices, r):
-            if not recompute_closure(problem, combo)[1]:
-                b = problem.saved_bytes(combo)
-                best = b if best is None else min(best, b)
-    return best
+    every = problem if isinstance(problem, Enumeration) else Enumeration(problem)
+    return min((mem for _, mem, _ in every.rows), default=None)
 
 
 def _problem(seed: int, n: int, *, view_prob: float, must_recompute_prob: float,
@@ -53,14 +46,15 @@ def test_engines_are_exact_against_brute_force(seed, n, frac, view_prob, must_re
                                                count_inputs):
     problem = _problem(seed, n, view_prob=view_prob, must_recompute_prob=must_recompute_prob,
                        count_inputs=count_inputs)
-    everything = brute_force(problem)
+    every = Enumeration(problem)  # enumerated once, asked for each budget
+    everything = every.best()
     if everything is None:
         with pytest.raises(InfeasibleError):
             solve_mip(problem, 10**9)
         return
-    low = _min_feasible_bytes(problem)
+    low = _min_feasible_bytes(every)
     budget = int(low + frac * (everything.saved_bytes - low))
-    best = brute_force(problem, budget=budget)
+    best = every.best(budget)
     assert best is not None
     try:  # the min-cut search charges shared storages per member: it may not reach this budget
         heuristic_cost = mincut_under_budget(problem, budget).recompute_cost
@@ -88,12 +82,13 @@ def test_engines_are_exact_against_brute_force(seed, n, frac, view_prob, must_re
 def test_float_costs_agree(seed, n, frac, view_prob):
     problem = _problem(seed, n, view_prob=view_prob, must_recompute_prob=0.0, count_inputs=False,
                        integer_costs=False)
-    everything = brute_force(problem)
+    every = Enumeration(problem)  # enumerated once, asked for each budget
+    everything = every.best()
     if everything is None:
         return
-    low = _min_feasible_bytes(problem)
+    low = _min_feasible_bytes(every)
     budget = int(low + frac * (everything.saved_bytes - low))
-    best = brute_force(problem, budget=budget)
+    best = every.best(budget)
     costs = []
     for engine in ENGINES:
         plan = solve_mip(problem, budget, engine=engine, time_limit_s=20)
@@ -164,8 +159,9 @@ def test_no_plan_at_all_raises_infeasible():
 def test_registered_and_options_pass_through():
     assert {"cpsat", "milp"} <= set(available())
     problem = random_problem(3, n_forward=9, view_prob=0.3)
-    budget = brute_force(problem).saved_bytes // 2 + _min_feasible_bytes(problem) // 2
-    ref = brute_force(problem, budget=budget).recompute_cost
+    every = Enumeration(problem)
+    budget = every.best().saved_bytes // 2 + _min_feasible_bytes(every) // 2
+    ref = every.best(budget).recompute_cost
     for name, opts in [("cpsat", {"threads": 1, "seed": 3}), ("milp", {}),
                        ("milp", {"backend": "highs", "time_limit_s": 5})]:
         plan = solve(problem, name, budget=budget, **opts)
@@ -240,16 +236,17 @@ def test_presolve_keeps_the_optimum_on_chain_heavy_problems():
         rng = random.Random(seed)
         problem = random_problem(seed, n_forward=rng.randint(5, 10), n_backward=rng.randint(1, 3),
                                  max_fanin=2, view_prob=0.35, either_prob=0.15)
-        everything = brute_force(problem)
+        every = Enumeration(problem)  # enumerated once, asked for each budget
+        everything = every.best()
         if everything is None:
             continue
         model = mip_model.build_model(problem)
         reduced = mip_model.presolve(problem, model)
         reductions += reduced.merged + reduced.fixed
-        low = _min_feasible_bytes(problem)
+        low = _min_feasible_bytes(every)
         for frac in (0.0, 0.4, 1.0):
             budget = int(low + frac * (everything.saved_bytes - low))
-            best = brute_force(problem, budget=budget)
+            best = every.best(budget)
             for engine in ("cpsat", "highs"):
                 plan = solve_mip(problem, budget, engine=engine, time_limit_s=20)
                 assert check_plan(problem, plan, budget=budget).valid

@@ -92,7 +92,8 @@ def _saved_for_backward_bytes(model, x, backend) -> int:
 
 
 @pytest.mark.parametrize("kind", ["saved", "peak"])
-@pytest.mark.parametrize("compiler", ["inductor", "eager"])
+# inductor's compile is the slow part; the eager runs check the same plans
+@pytest.mark.parametrize("compiler", [pytest.param("inductor", marks=pytest.mark.slow), "eager"])
 def test_fake_capture_plan_trains_the_real_model(plans, compiler, kind):
     path, plan, problem = plans[compiler, kind]
     doc = read_plan_file(path)

@@ -158,3 +158,48 @@ def test_bad_arguments_are_clear():
         opt_remat.partitioner(device="tpu9000")
     with pytest.raises(ValueError, match="compiler"):
         opt_remat.backend(compiler="tvm")
+
+
+def test_misspelled_solver_option_fails_when_made():
+    with pytest.raises(ValueError, match="unknown option 'time_limt_s' for solver 'cpsat'.*time_limit_s"):
+        opt_remat.partitioner("cpsat", time_limt_s=3)
+    with pytest.raises(ValueError, match="unknown option 'lam'.*cpsat"):
+        opt_remat.backend("cpsat", lam=0.5)
+    with pytest.raises(ValueError, match="threads=-1.*>= 0"):
+        opt_remat.backend("cpsat", compiler="eager", threads=-1)
+    with pytest.raises(ValueError, match="expected one of \\['cbc', 'highs'\\]"):
+        opt_remat.partitioner("milp", backend="gurobi")
+    opt_remat.partitioner("cpsat", peak_budget="1MiB", stages=4)  # the peak search's own options
+    opt_remat.partitioner("mincut", lam="auto")
+    with pytest.raises(ValueError, match="unknown option 'time_limt_s' for the default solvers"):
+        opt_remat.partitioner(budget=0.5, time_limt_s=3)
+    opt_remat.partitioner(budget=0.5, time_limit_s=2, lam=0.1)  # cpsat's and mincut's
+
+
+def _dropout_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 8)), torch.randn(4, 8)
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_budget_error_is_caught_around_the_compiled_call(compiler):
+    model, x = _dropout_mlp()
+    compiled = torch.compile(model, backend=opt_remat.backend("mincut", 16, compiler=compiler,
+                                                              count_input_bytes=True))
+    with pytest.raises(opt_remat.BudgetError) as info:
+        compiled(x).sum().backward()
+    err = info.value
+    assert err.budget == 16 and err.min_feasible_bytes > 16
+    assert str(err).startswith("budget 16 B") and "TORCHDYNAMO" not in str(err)
+
+
+def test_unwrap_finds_the_budget_error_inside_torchs_wrapping():
+    model, x = _dropout_mlp()
+    pfn = opt_remat.partitioner("mincut", 16, count_input_bytes=True)
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=pfn))
+    with pytest.raises(Exception) as info:  # a user's own backend: torch wraps the error
+        compiled(x).sum().backward()
+    assert not isinstance(info.value, opt_remat.BudgetError)
+    assert isinstance(opt_remat.unwrap(info.value), opt_remat.BudgetError)
+    other = RuntimeError("not ours")
+    assert opt_remat.unwrap(other) is other

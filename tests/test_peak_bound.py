@@ -4,6 +4,8 @@ simulation's, and its optimum never exceeds the true least cost (brute force) at
 import itertools
 import random
 
+import pytest
+
 from solvers import Problem, recompute_closure
 from solvers.liveness import simulate_plan
 from solvers.mip_model import build_model, presolve
@@ -48,6 +50,7 @@ def test_relaxed_live_bytes_never_exceed_the_simulation():
     assert checked > 500
 
 
+@pytest.mark.slow  # many exact peak solves: run by .ci/run
 def test_relaxation_bound_is_below_the_true_optimum():
     tight = total = 0
     for seed in range(60):

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from solvers import check_plan
-from solvers.brute_force import brute_force
+from solvers.brute_force import Enumeration, brute_force
 from solvers.mip import solve_mip
 from solvers.mip_model import build_model, presolve, tie
 from solvers.random_problems import repeated_problem
@@ -36,11 +36,12 @@ def test_ties_on_unstructured_graphs_still_give_valid_plans():
     from solvers.random_problems import random_problem
     for seed in range(30):
         problem = random_problem(seed, n_forward=10, view_prob=0.2)
-        everything = brute_force(problem)
+        every = Enumeration(problem)  # enumerated once, asked for each budget
+        everything = every.best()
         if everything is None:
             continue
         budget = everything.saved_bytes // 2
-        best = brute_force(problem, budget=budget)
+        best = every.best(budget)
         if best is None:
             continue
         plan = solve_mip(problem, budget, engine="cpsat", symmetry="tie", time_limit_s=10)
@@ -53,14 +54,15 @@ def test_ties_on_unstructured_graphs_still_give_valid_plans():
 @pytest.mark.parametrize("seed", range(10))
 def test_tied_and_warm_solves_against_brute_force(seed):
     problem = repeated_problem(seed, layers=4, per_layer=3, reads=2)
-    everything = brute_force(problem)
+    every = Enumeration(problem)  # enumerated once, asked for each budget
+    everything = every.best()
     if everything is None:
         pytest.skip("no valid plan for this block")
     for budget in (int(0.3 * everything.saved_bytes), int(0.6 * everything.saved_bytes),
                    everything.saved_bytes):
-        if brute_force(problem, budget=budget) is None:
+        best = every.best(budget)
+        if best is None:
             continue
-        best = brute_force(problem, budget=budget)
         tied_costs = set()
         for engine in ("cpsat", "highs"):
             warm = solve_mip(problem, budget, engine=engine, symmetry="warm", time_limit_s=20)

@@ -1,0 +1,101 @@
+"""Ctrl-C during a CP-SAT solve: the search stops with its best plan, and ``opt-remat run`` ends
+with its "rerun to resume" line and exit 130, keeping the pairs it finished (real subprocesses,
+real SIGINT)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable] + args, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> str:
+    seen = ""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if marker in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"never printed {marker!r}: {seen[-2000:]}")
+
+
+def test_sigint_stops_a_cpsat_solve_with_its_best_plan(tmp_path):
+    script = textwrap.dedent("""
+        from solvers import check_plan, interrupt
+        from solvers.liveness import simulate_plan
+        from solvers.mincut import solve_mincut
+        from solvers.peak import solve_peak
+        from solvers.random_problems import random_problem
+        p = random_problem(1, n_forward=150, n_backward=150, view_prob=0.2, max_fanin=3, integer_costs=False)
+        budget = int(0.8 * simulate_plan(p, solve_mincut(p, 1e12).saved).peak)
+        print("solving", flush=True)
+        plan = solve_peak(p, budget, time_limit_s=120)
+        assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak <= budget
+        print("interrupted" if interrupt.requested() else "finished", flush=True)
+    """)
+    proc = _start(["-c", script], tmp_path)
+    _wait_for(proc, "solving")
+    time.sleep(4)  # inside the CP-SAT search (it runs for the whole limit without a Ctrl-C)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "interrupted" in out
+    assert time.monotonic() - sent < 15
+
+
+def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
+    config = textwrap.dedent("""
+        model:
+          factory: opt_remat.models:llama
+          kwargs: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
+          inputs: [{shape: [2, 16], dtype: int64, high: 64}]
+        budgets: [0.5, PEAK]
+        solvers: [mincut, {name: cpsat, time_limit_s: 120}]
+        verify: {gradients: false, measure_memory: false}
+        output: {dir: out, formats: [json]}
+    """)
+    # a peak budget halfway between the floor and save-all's peak: CP-SAT searches it for 40 s+
+    probe = _start(["-c", textwrap.dedent("""
+        import sys
+        from opt_remat.config import load_config
+        from opt_remat.runner import materialize
+        from solvers.liveness import peak_lower_bound, simulate_plan
+        from solvers.registry import solve
+        problem = materialize(load_config(sys.argv[1])).problem
+        top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
+        print((peak_lower_bound(problem) + top) // 2)
+    """), "run.yaml"], tmp_path)
+    (tmp_path / "run.yaml").write_text(config.replace(", PEAK", ""))
+    out, err = probe.communicate(timeout=300)
+    assert probe.returncode == 0, err[-2000:]
+    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % int(out)))
+
+    proc = _start(["-m", "opt_remat.cli", "run", "run.yaml"], tmp_path)
+    _wait_for(proc, "[3/4]")  # the last pair, the long peak solve, has started
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 15
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().endswith("(rerun to resume)") and "Traceback" not in err
+    done = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert len(done) == 3 and all(r["status"] != "error" for r in done)
+    assert not any(r["budget"].startswith("peak") and r["solver"] == "cpsat" for r in done)
