@@ -85,6 +85,14 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
         else:
             ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=5, linewidth=1.2, zorder=2,
                     label=solver)
+    for r in points:  # each plan labelled with its budget
+        ax.annotate(str(r.get("budget", "")), (r["saved_bytes"] / bscale, r["recompute_cost"] / tscale),
+                    textcoords="offset points", xytext=(4, 3), fontsize=6, color="0.35")
+    failed = [r for r in points if r.get("verified") is False]
+    if failed:  # a plan whose gradient check failed: circled in red
+        ax.plot([r["saved_bytes"] / bscale for r in failed], [r["recompute_cost"] / tscale for r in failed],
+                linestyle="none", marker="o", markersize=14, markerfacecolor="none",
+                markeredgecolor="red", markeredgewidth=1.5, zorder=20, label="gradient check failed")
     if n_mip:
         ax.plot([], [], linestyle="none", label="MIP: filled = proven optimal")
     ax.set_xlabel(f"saved activation memory ({bunit})")
@@ -101,8 +109,10 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
 
 
 def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
-                title: str = "live memory during the step") -> Path:
-    """Write a PNG of live bytes per step (``{budget: {solver: [bytes per step]}}``)."""
+                title: str = "live memory during the step",
+                forward_ends: dict[str, dict[str, int]] | None = None) -> Path:
+    """Write a PNG of live bytes per step (``{budget: {solver: [bytes per step]}}``), with a dotted
+    line where each curve's forward ends (``forward_ends``: its number of forward steps)."""
     import math
 
     import matplotlib
@@ -114,19 +124,23 @@ def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
     rows = math.ceil(len(budgets) / cols)
     top = max((max(c, default=0) for per in curves.values() for c in per.values()), default=0)
     unit, scale = _unit(top)
-    fig = Figure(figsize=(4.6 * cols, 3.4 * rows + 0.4), dpi=100)
+    longest = max((len(per) for per in curves.values()), default=0)
+    fig = Figure(figsize=(4.6 * cols, (3.4 + 0.25 * math.ceil(longest / 2)) * rows + 0.4), dpi=100)
     for i, budget in enumerate(budgets):
         ax = fig.add_subplot(rows, cols, i + 1)
         for solver, steps in curves.get(budget, {}).items():
             peak = max(steps, default=0)
-            ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9,
-                    label=f"{solver} (peak {peak / scale:.3g} {unit})")
+            line, = ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9,
+                            label=f"{solver} (peak {peak / scale:.3g} {unit})")
+            end = (forward_ends or {}).get(budget, {}).get(solver)
+            if end:  # the forward ends here (plans that save more run a longer forward)
+                ax.axvline(end - 0.5, color=line.get_color(), linestyle=":", linewidth=0.8, alpha=0.8)
         ax.set_title(f"budget {budget}", fontsize=9)
-        ax.set_xlabel("step (forward, then backward)", fontsize=8)
+        ax.set_xlabel("step (forward, dotted line, then backward)", fontsize=8)
         ax.set_ylabel(f"live bytes ({unit})", fontsize=8)
         ax.grid(True, linewidth=0.4, alpha=0.5)
-        if curves.get(budget):
-            ax.legend(fontsize=6, loc="best")
+        if curves.get(budget):  # below the axes: readable with many curves
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
         else:
             ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(title, fontsize=10)

@@ -850,8 +850,10 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     if "plot" in cfg.formats:
         from .plots import memory_plot, pareto_plot
         pareto_plot(ordered, hull, out_dir / "pareto.png", title=f"{cfg.name}: saved memory vs recompute")
-        memory_plot(memory_curves(work.problem, ordered, out_dir), out_dir / "memory.png",
-                    title=f"{cfg.name}: live memory during the step (simulated)")
+        forward_ends: dict[str, dict[str, int]] = {}
+        memory_plot(memory_curves(work.problem, ordered, out_dir, forward_ends), out_dir / "memory.png",
+                    title=f"{cfg.name}: live memory during the step (simulated)",
+                    forward_ends=forward_ends)
     table = summary_table(ordered)
     if "table" in cfg.formats:
         write_atomic(out_dir / "summary.txt", table + "\n")
@@ -863,10 +865,11 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     return RunSummary(out_dir, ordered, total, skipped, failed)
 
 
-def memory_curves(problem: Problem, records: Sequence[dict[str, Any]],
-                  out_dir: Path) -> dict[str, dict[str, list[int]]]:
+def memory_curves(problem: Problem, records: Sequence[dict[str, Any]], out_dir: Path,
+                  forward_ends: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, list[int]]]:
     """Per budget, per solver: the simulated live bytes at every step of the training step (plans
-    read back from their files, so resumed results are plotted too)."""
+    read back from their files, so resumed results are plotted too). ``forward_ends`` (if given)
+    gets each curve's number of forward steps."""
     from solvers.liveness import simulate_plan
     from solvers.plans_io import read_plan_file
 
@@ -880,6 +883,9 @@ def memory_curves(problem: Problem, records: Sequence[dict[str, Any]],
             continue  # a plan file removed by hand: its curve is left out
         curve = simulate_plan(problem, saved)
         curves.setdefault(str(rec["budget"]), {})[str(rec["solver"])] = [b for _, _, b in curve.steps]
+        if forward_ends is not None:
+            forward_ends.setdefault(str(rec["budget"]), {})[str(rec["solver"])] = sum(
+                1 for phase, _, _ in curve.steps if phase == "forward")
     return curves
 
 
