@@ -45,3 +45,23 @@ def table(rows: Sequence[dict], columns: Sequence[str]) -> str:
            "  ".join("-" * w for w in widths)]
     out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(out)
+
+
+def cost_table(roofline: Problem, profiled: Problem) -> str:
+    """Recompute costs per op kind, estimated (roofline) and measured (``costs="profile"``): where
+    the two disagree most is where plans change."""
+    rows: dict[str, list[float]] = {}
+    for node in profiled.candidates:
+        est = roofline.recompute_cost_of(node.name)
+        got = profiled.recompute_cost_of(node.name)
+        if est == 0 and got == 0:
+            continue
+        row = rows.setdefault(node.op or "?", [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += est
+        row[2] += got
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1][2])
+    return table([{"op": op, "ops": int(n), "roofline us": f"{est * 1e6:.3f}", "measured us": f"{got * 1e6:.3f}",
+                   "measured / roofline": f"{got / est:.1f}x" if est > 0 else "-"}
+                  for op, (n, est, got) in ordered],
+                 ["op", "ops", "roofline us", "measured us", "measured / roofline"])

@@ -855,6 +855,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
                     title=f"{cfg.name}: live memory during the step (simulated)",
                     forward_ends=forward_ends)
     table = summary_table(ordered)
+    if cfg.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
+        table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
     if "table" in cfg.formats:
         write_atomic(out_dir / "summary.txt", table + "\n")
     echo("")
@@ -863,6 +865,18 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", echo: Callable
     # the torch baseline is measured, not trusted: its failures are reported, not a failed run
     failed = sum(1 for r in ordered if r.get("verified") is False and r.get("solver_name") != TORCH_SOLVER)
     return RunSummary(out_dir, ordered, total, skipped, failed)
+
+
+def _cost_comparison(work: Workload) -> str:
+    """The measured costs of a ``costs: profile`` run beside the roofline estimate, per op kind."""
+    from .build import build_problem
+    from .report import cost_table
+
+    prepared = work.prepared
+    roofline = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
+                             static_lifetime_input_indices=prepared.static_lifetime_input_indices,
+                             device=work.profile)
+    return cost_table(roofline, work.problem)
 
 
 def memory_curves(problem: Problem, records: Sequence[dict[str, Any]], out_dir: Path,

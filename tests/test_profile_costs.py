@@ -41,3 +41,18 @@ def test_profiled_costs_are_measured_cached_and_change_the_plan(tmp_path, monkey
     # the plans differ: with measured costs recomputing small ops is dearer than the roofline says
     lam = 0.1 * 3.35e12
     assert solve_mincut(roofline, lam).saved != solve_mincut(profiled, lam).saved
+
+
+def test_a_profile_run_reports_both_estimates(tmp_path, monkeypatch):
+    from opt_remat.cli import main
+    monkeypatch.setenv("OPT_REMAT_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model:\n  factory: opt_remat.models:mlp\n  kwargs: {d_in: 16, hidden: 32, layers: 2}\n"
+        "  inputs: [{shape: [4, 16], dtype: float32}]\n  loss: sum\n"
+        "costs: profile\nbudgets: [0.5]\nsolvers: [mincut]\n"
+        f"output: {{dir: {tmp_path / 'out'}, formats: [table, json]}}\n")
+    assert main(["run", str(config)]) == 0
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "recompute costs per op kind" in summary and "measured / roofline" in summary
+    assert json.loads((tmp_path / "cache" / "op_costs.json").read_text())
