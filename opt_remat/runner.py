@@ -716,9 +716,9 @@ class _RayPool:
         self.remote = ray.remote(solve_pair)
         self.futures: dict[Any, cf.Future] = {}
 
-    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> cf.Future:
         fut: cf.Future = cf.Future()
-        self.futures[self.remote.remote(*args)] = fut
+        self.futures[self.remote.remote(*args, **kwargs)] = fut
         return fut
 
     def drain(self) -> Iterator[cf.Future]:
