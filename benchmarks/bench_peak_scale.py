@@ -19,14 +19,14 @@ import time
 
 import torch
 
-from opt_remat.api import AUTO_LAM_FRACTION_OF_BANDWIDTH
+from opt_remat.api import auto_lam
 from opt_remat.build import classify, problem_from_joint
 from opt_remat.capture import capture
 from opt_remat.costs import get_profile
 from opt_remat.models import llama
 from opt_remat.report import table
 from opt_remat.torch_reference import torch_plan
-from solvers.baselines import save_all, uniform_checkpoint
+from solvers.baselines import save_all, uniform_checkpoints
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError, solve_peak
@@ -68,16 +68,15 @@ def main() -> None:
         row("floor", peak_lower_bound(problem), None)
         sa = save_all(problem)
         row("save-all", simulate_plan(problem, sa.saved).peak, sa.recompute_cost)
-        lam = AUTO_LAM_FRACTION_OF_BANDWIDTH * get_profile("h100").bandwidth
+        lam = auto_lam(get_profile("h100"))
         mc = solve_mincut(problem, lam)
         mc_peak = simulate_plan(problem, mc.saved).peak
         row("min-cut (lam auto)", mc_peak, mc.recompute_cost)
         checkpoints = []
-        for every in (1, 2, 4, 8):
-            plan = uniform_checkpoint(problem, None, every=every)
+        for plan in uniform_checkpoints(problem, (1, 2, 4, 8)):
             peak = simulate_plan(problem, plan.saved).peak
             checkpoints.append((peak, plan.recompute_cost))
-            row(f"checkpoint every {every}", peak, plan.recompute_cost)
+            row(f"checkpoint every {plan.extra['every']}", peak, plan.recompute_cost)
         for fraction in args.torch_fractions:
             copy = prepared.copy()  # torch's partitioner annotates the graph it is given
             info = classify(copy.module, copy.num_fwd_outputs, copy.static_lifetime_input_indices)

@@ -38,6 +38,11 @@ from .torch_reference import torch_plan, torch_runtime_optimized_saved
 AUTO_LAM_FRACTION_OF_BANDWIDTH = 0.1
 
 
+def auto_lam(profile: DeviceProfile) -> float:
+    """``lam="auto"`` on a device: the min-cut weight the default path uses."""
+    return AUTO_LAM_FRACTION_OF_BANDWIDTH * profile.bandwidth
+
+
 @dataclass
 class PartitionRecord:
     """What one call of the partitioner decided, kept for reports and tests."""
@@ -105,7 +110,7 @@ class Partitioner:
         opts = dict(self.options)
         if self.solver in ("mincut", None) and budget is None:
             lam = opts.get("lam", "auto")
-            opts["lam"] = AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth if lam == "auto" else float(lam)
+            opts["lam"] = auto_lam(self.profile) if lam == "auto" else float(lam)
         return opts
 
     def __call__(self, joint_module: fx.GraphModule, joint_inputs: Any, *args: Any,
@@ -142,7 +147,7 @@ class Partitioner:
                 torch_runtime_optimized_saved(joint_module, info)))
             if self._peak_bytes is not None:
                 plan = choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, self.options,
-                                        default_lam=AUTO_LAM_FRACTION_OF_BANDWIDTH * self.profile.bandwidth,
+                                        default_lam=auto_lam(self.profile),
                                         count_gradients=self.count_gradients)
             elif self.solver is None:
                 split = default_solver_options(self.solver_options(requested))

@@ -307,9 +307,8 @@ PEAK_SOLVERS = ("cpsat", "milp", "mincut")  # the solvers with a peak-budget mod
 
 def _default_lam(work: Any) -> float | None:
     """The drop-in path's ``lam="auto"`` on this workload's device."""
-    from .api import AUTO_LAM_FRACTION_OF_BANDWIDTH
-    bandwidth = getattr(work.profile, "bandwidth", None)
-    return None if bandwidth is None else AUTO_LAM_FRACTION_OF_BANDWIDTH * bandwidth
+    from .api import auto_lam
+    return None if getattr(work.profile, "bandwidth", None) is None else auto_lam(work.profile)
 
 
 def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any],

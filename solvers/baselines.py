@@ -367,6 +367,21 @@ def uniform_checkpoint(problem: Problem, budget: int | None, *, every: int | Non
     return replace(best, solve_time_s=time.perf_counter() - start)
 
 
+def uniform_checkpoints(problem: Problem, everies: Sequence[int]) -> list[Plan]:
+    """``uniform_checkpoint`` at each spacing in ``everies``, the block boundaries found once;
+    a spacing that gives no valid plan is left out."""
+    start = time.perf_counter()
+    bounds, mode = block_boundaries(problem)
+    plans = []
+    for every in everies:
+        try:
+            plans.append(_checkpoint_plan(problem, bounds, every, solver="uniform", start=start,
+                                          budget=None, mode=mode))
+        except (PlanError, InfeasibleError):
+            continue
+    return plans
+
+
 def sqrt_checkpoint(problem: Problem, budget: int | None) -> Plan:
     """Chen et al.'s sqrt(n) checkpointing: every ``ceil(sqrt(n))``-th of the n block boundaries."""
     start = time.perf_counter()

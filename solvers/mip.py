@@ -571,7 +571,7 @@ class _Solved:
 def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list[int] | None,
                  *, time_limit_s: float, threads: int, seed: int,
                  extend: Callable[[Any, list[Any]], None] | None = None,
-                 tie_break: bool = True) -> _Solved:
+                 tie_break: bool = True, presolve: bool = False) -> _Solved:
     # one lexicographic objective: W * (integer cost) + (quantized memory), sum(memory) < W;
     # without the tie-break, cost alone (and no solution callbacks: CP-SAT 9.15 crashes calling
     # them on models with cumulative constraints)
@@ -595,7 +595,7 @@ def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list
 
     res = _run_cpsat(model, obj, budget, hint, time_limit_s=time_limit_s, threads=threads,
                      seed=seed, proven=cost_proven if model.mem_var and tie_break else None,
-                     extend=extend, presolve=not tie_break)
+                     extend=extend, presolve=presolve)
     detail: dict[str, object] = {"tie_break": "none"}
     bound = None
     if res.bound is not None:

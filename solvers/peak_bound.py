@@ -24,13 +24,12 @@ over a sub-span of the pair's; a recompute chain: recomputed together).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from typing import Any
 
 from .mip_model import Model
 from .problem import Problem, Role
-
-
-import bisect
 
 _NEVER = 1 << 62  # "no direct read": a position after every backward value
 
@@ -225,6 +224,18 @@ def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: 
     return out
 
 
+def at_least_one(m: Any, lits: list[Any]) -> Any:
+    """A new CP-SAT boolean forced to 1 by each of ``lits`` (a literal, or a pair that must both
+    hold); minimized by the conditions it appears in, it is their OR."""
+    t = m.new_bool_var("")
+    for lit in lits:
+        if isinstance(lit, tuple):
+            m.add_bool_or([t, lit[0].Not(), lit[1].Not()])
+        else:
+            m.add_implication(lit, t)
+    return t
+
+
 def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, peak_budget: int) -> None:
     """Write the relaxation into a CP-SAT model ``m`` over the program's booleans ``x``. Bytes are
     counted in units rounded down (constants too), so the written conditions are implied by the
@@ -287,15 +298,7 @@ def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, pe
             lits = [lit for lit in map(var_of, active) if lit is not None]
             if not lits:
                 continue
-            if len(lits) == 1 and not isinstance(lits[0], tuple):
-                literal = lits[0]
-            else:  # t >= each literal (conjunctions through a clause); the minimum is the OR
-                literal = m.new_bool_var("")
-                for lit in lits:
-                    if isinstance(lit, tuple):
-                        m.add_bool_or([literal, lit[0].Not(), lit[1].Not()])
-                    else:
-                        m.add_implication(lit, literal)
+            literal = lits[0] if len(lits) == 1 and not isinstance(lits[0], tuple) else at_least_one(m, lits)
             add_term(lo, hi, c, literal)
 
     nxt = None
@@ -353,7 +356,9 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
             hint = None
     solved = _solve_cpsat(model, _CostScale.of(model), budget, hint, time_limit_s=max(time_limit_s, 0.05),
                           threads=threads, seed=seed,
-                          extend=extend, tie_break=not chains)
+                          # cumulative models: no callbacks, CP-SAT's presolve on (CP-SAT 9.15
+                          # crashes on either otherwise)
+                          extend=extend, tie_break=not chains, presolve=chains)
     status = solved.result.status
     return Relaxed(status, 0.0 if solved.bound is None and status != "infeasible" else solved.bound,
                    solved.plan_saved)

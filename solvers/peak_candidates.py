@@ -45,13 +45,9 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
         except InfeasibleError:
             continue
         out.append((plan, simulate_plan(problem, plan.saved).peak))
-    from .baselines import uniform_checkpoint
-    for every in (1, 2, 4, 8):  # what torch.utils.checkpoint every k-th block does
-        try:
-            plan = uniform_checkpoint(problem, None, every=every)
-        except (PlanError, InfeasibleError):
-            continue
-        out.append((plan, simulate_plan(problem, plan.saved).peak))
+    from .baselines import uniform_checkpoints
+    # what torch.utils.checkpoint every k-th block does
+    out += [(plan, simulate_plan(problem, plan.saved).peak) for plan in uniform_checkpoints(problem, (1, 2, 4, 8))]
     return out + _checkpoint_plans(problem)
 
 

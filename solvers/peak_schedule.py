@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from .mip_model import Model
-from .peak_bound import PeakRows, storage_vars
+from .peak_bound import PeakRows, at_least_one, storage_vars
 from .problem import Problem
 
 
@@ -108,15 +108,8 @@ def add_schedule(m: Any, x: list[Any], problem: Problem, model: Model, rows: Pea
                 parent = next((u for u in by_name[a].inputs if u in holds), None)
                 lits = ([x[model.s_var[a]]] if a in model.s_var else []) + (
                     [(x[model.r_var[a]], holds[parent])] if parent is not None and a in model.r_var else [])
-                if not lits:
-                    continue
-                h = m.new_bool_var("")
-                for lit in lits:
-                    if isinstance(lit, tuple):
-                        m.add_bool_or([h, lit[0].Not(), lit[1].Not()])
-                    else:
-                        m.add_implication(lit, h)
-                holds[a] = h
+                if lits:
+                    holds[a] = at_least_one(m, lits)
             for begin, ceiling in ((0, covered[0][0] if covered else horizon),
                                    (covered[-1][1] + 1 if covered else horizon, horizon)):
                 if begin >= ceiling:

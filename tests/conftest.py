@@ -9,6 +9,15 @@ import tempfile
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="opt-remat-tests-inductor-")
 atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 
+import pytest  # noqa: E402
 import torch  # noqa: E402  (after the cache directory is chosen)
 
 torch.set_num_threads(2)
+
+
+@pytest.fixture
+def reset_dynamo():
+    """Dynamo's caches cleared around a test that compiles (files opt in with ``pytestmark``)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

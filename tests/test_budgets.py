@@ -12,11 +12,7 @@ from opt_remat.verify import compare_steps, measured_saved_bytes, save_all_backe
 from solvers import check_plan
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
 
 @functools.lru_cache(maxsize=None)

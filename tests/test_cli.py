@@ -33,11 +33,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
 
 def tiny_config(folder: Path, out: str = "out") -> Path:

@@ -29,11 +29,7 @@ SOLVERS = ["mincut", "cpsat"]
 CPSAT = {"time_limit_s": 10, "threads": 1}
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
 
 def _backend(solver, **kw):

@@ -28,11 +28,7 @@ def _model(name):
     return model, example_inputs(name, model)
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("decompositions", [None, "inductor"])

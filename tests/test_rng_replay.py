@@ -17,11 +17,7 @@ from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError, mincut_under_peak
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
 
 @functools.lru_cache(maxsize=None)
