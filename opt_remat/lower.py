@@ -1,6 +1,7 @@
 """Stage 4: a plan becomes the forward and backward GraphModules that AOTAutograd runs.
 
-Uses torch's own extraction (``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints,
+``opt_remat.extract`` makes them in one copy of each graph; where it does not apply (see
+``extract.unsupported``), or with ``fast=False``, this uses torch's own extraction (``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints,
 as the forward's extra outputs in the order AOTAutograd expects) and torch's reordering of the
 backward, which places each recomputed value just before its first use so it is not alive longer
 than needed.
@@ -14,7 +15,8 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from solvers import Plan
 
-from .rng_replay import fuse_rng_replay, route_replays
+from .extract import extract_fwd_bwd
+from .rng_replay import STATE_META, fuse_rng_replay, route_replays, state_nodes
 
 
 def saved_nodes(joint_module: fx.GraphModule, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -34,9 +36,20 @@ def lower_plan(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_nodes: object | None = None,
+    fast: bool = True,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules that save ``plan.saved`` and recompute the rest just in time;
-    random ops the plan recomputes replay the RNG state it saves for them."""
+    random ops the plan recomputes replay the RNG state it saves for them. ``fast=False``: torch's
+    extraction, which the fast path must match."""
+    if fast:
+        values, syms = saved_nodes(joint_module, plan)
+        saved, recomputed = set(plan.saved), set(plan.recomputed)
+        by_name = {n.name: n for n in joint_module.graph.nodes}
+        replays = {by_name[s.meta[STATE_META]]: s for s in state_nodes(joint_module.graph)
+                   if s.meta[STATE_META] in recomputed and s.name in saved}
+        modules = extract_fwd_bwd(joint_module, values, syms, num_fwd_outputs=num_fwd_outputs, replays=replays)
+        if modules is not None:
+            return modules
     routed = route_replays(joint_module, set(plan.saved), set(plan.recomputed))
     if routed is not joint_module and static_lifetime_input_nodes is not None:
         by_name = {n.name: n for n in routed.graph.nodes}  # the same inputs, in the copy

@@ -146,16 +146,20 @@ def route_replays(joint_module: fx.GraphModule, saved: set[str], recomputed: set
 
 
 def fuse_rng_replay(fw_module: fx.GraphModule) -> fx.GraphModule:
+    """``fuse_rng_replay_graph`` on a forward module, recompiled if it changed."""
+    if fuse_rng_replay_graph(fw_module.graph):
+        fw_module.recompile()
+    return fw_module
+
+
+def fuse_rng_replay_graph(graph: fx.Graph) -> bool:
     """In the forward, ``run_with_rng_state(rng_state_capture(), op, ...)`` (which would not advance
     the generator) becomes ``run_and_save_rng_state(op, ...)``: the draw save-all makes, and the
-    state just before it, in one op so nothing can be scheduled between the two."""
-    graph = fw_module.graph
+    state just before it, in one op so nothing can be scheduled between the two. True if changed."""
     run_with = torch._prims.rng_prims.run_with_rng_state
     run_and_save = torch._prims.rng_prims.run_and_save_rng_state
     fused = False
-    for op in list(graph.nodes):
-        if op.op != "call_function" or op.target is not run_with:
-            continue
+    for op in list(graph.find_nodes(op="call_function", target=run_with)):
         state = op.args[0]
         if not (isinstance(state, fx.Node) and state.target is rng_state_capture):
             continue
@@ -171,10 +175,8 @@ def fuse_rng_replay(fw_module: fx.GraphModule) -> fx.GraphModule:
         state.replace_all_uses_with(got_state)
         graph.erase_node(state)
         fused = True
-    for state in state_nodes(graph):  # captures no replay reads (none expected): dropped
-        if not state.users:
+    for state in graph.find_nodes(op="call_function", target=rng_state_capture):
+        if not state.users:  # captures no replay reads (none expected): dropped
             graph.erase_node(state)
             fused = True
-    if fused:
-        fw_module.recompile()
-    return fw_module
+    return fused
