@@ -163,10 +163,13 @@ def fuse_rng_replay_graph(graph: fx.Graph) -> bool:
         state = op.args[0]
         if not (isinstance(state, fx.Node) and state.target is rng_state_capture):
             continue
+        # named after the op, not by the graph's name counters, so that they do not depend on
+        # which names the graph had used (the fast and torch's extractions give the same code)
         with graph.inserting_before(op):
-            pair = graph.call_function(run_and_save, tuple(op.args[1:]), dict(op.kwargs))
-            got_state = graph.call_function(operator.getitem, (pair, 0))
-            got_out = graph.call_function(operator.getitem, (pair, 1))
+            pair = graph.create_node("call_function", run_and_save, tuple(op.args[1:]), dict(op.kwargs),
+                                     name=f"run_and_save_{op.name}")
+            got_state = graph.create_node("call_function", operator.getitem, (pair, 0), name=f"{state.name}_saved")
+            got_out = graph.create_node("call_function", operator.getitem, (pair, 1), name=f"{op.name}_drawn")
         pair.meta["val"] = (state.meta["val"], op.meta.get("val"))
         got_state.meta = {k: v for k, v in state.meta.items() if k != STATE_META}
         got_out.meta = dict(op.meta)

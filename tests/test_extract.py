@@ -1,0 +1,81 @@
+"""The fast extraction (``opt_remat.extract``) makes exactly the graphs torch's extraction makes.
+
+Each case runs a conformance or model case with every lowering done both ways: the fast path's
+forward and backward must have torch's code (names, order, ops, arguments, output layout) and
+output descriptors, and the fast path must really have been taken where it applies.
+"""
+
+import pytest
+import torch
+
+import opt_remat.api as api
+import opt_remat.lower as lower
+import test_conformance as conf  # tests/ is on sys.path (pytest's default import mode)
+from opt_remat.models import example_inputs, gpt2, llama
+from opt_remat.verify import compare_steps, save_all_backend, training_step
+
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
+
+
+def _same(fast, ref):
+    for a, b in zip(fast, ref, strict=True):
+        assert a.code == b.code
+        out_a, out_b = a.graph.find_nodes(op="output")[0], b.graph.find_nodes(op="output")[0]
+        assert repr(out_a.meta.get("desc")) == repr(out_b.meta.get("desc"))
+        assert [n.meta.get("autograd_backward") for n in a.graph.nodes] == \
+               [n.meta.get("autograd_backward") for n in b.graph.nodes]
+        assert [n.meta.get("val") is not None for n in a.graph.nodes] == \
+               [n.meta.get("val") is not None for n in b.graph.nodes]
+
+
+@pytest.fixture
+def cross_check(monkeypatch):
+    """Every lowering compared with torch's; returns how many took the fast path and fell back."""
+    taken = {"fast": 0, "fallback": 0}
+    real_extract = lower.extract_fwd_bwd
+
+    def extract(*args, **kwargs):
+        out = real_extract(*args, **kwargs)
+        taken["fast" if out is not None else "fallback"] += 1
+        return out
+
+    def lower_both(joint_module, plan, **kwargs):
+        fast = lower.lower_plan(joint_module, plan, **kwargs)
+        _same(fast, lower.lower_plan(joint_module, plan, fast=False, **kwargs))
+        return fast
+
+    monkeypatch.setattr(lower, "extract_fwd_bwd", extract)
+    monkeypatch.setattr(api, "lower_plan", lower_both)
+    return taken
+
+
+CASES = {
+    "views_and_mutations": lambda: conf.test_views_and_mutations("mincut"),
+    "none_and_int_inputs": lambda: conf.test_none_and_int_inputs("mincut"),
+    "dynamic_shapes": lambda: conf.test_dynamic_shapes_and_symint_inputs("mincut"),
+    "tensor_subclass": lambda: conf.test_tensor_subclass_inputs("mincut"),
+    "effect_tokens": lambda: conf.test_effect_tokens("mincut"),
+    "graph_breaks": lambda: conf.test_graph_breaks("mincut"),
+    "checkpoint_dropout_replayed": lambda: conf.test_checkpoint_region_with_dropout("mincut", False),
+    "selective_checkpoint": lambda: conf.test_selective_checkpoint_policy_around_random_ops("mincut"),
+    "must_tags": lambda: conf.test_must_tags_bind_as_in_torch("mincut"),
+    "region_budget": lambda: conf.test_region_budget_is_honoured("mincut"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_extraction_is_torchs(case, cross_check):
+    CASES[case]()
+    assert cross_check["fast"] >= 1 and cross_check["fallback"] == 0
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, 0.0])
+@pytest.mark.parametrize("name", ["llama", "gpt-dropout"])
+def test_fast_extraction_is_torchs_on_models_under_budgets(name, budget, cross_check):
+    torch.manual_seed(0)
+    model = llama() if name == "llama" else gpt2(layers=2, dropout=0.2)
+    inputs = example_inputs(name.split("-")[0], model)
+    be = api.backend("mincut", budget, compiler="eager", decompositions="inductor")
+    step = training_step(model, inputs, be, seed=3)
+    assert compare_steps(step, training_step(model, inputs, save_all_backend("inductor"), seed=3)).bitwise
+    assert cross_check["fast"] >= 1 and cross_check["fallback"] == 0
