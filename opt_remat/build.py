@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 import torch
 import torch.fx as fx
-from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 from torch._inductor.fx_utils import get_node_storage
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -24,37 +23,13 @@ from torch.utils.checkpoint import CheckpointPolicy
 from solvers import Node, Problem, Role
 
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
-from .rng_replay import STATE_META, dropout_is_off, insert_rng_states, rng_state_capture, state_nodes
+from .prepare import classify, prepare_joint
+from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
 
 
 class GraphError(ValueError):
     """A joint graph that opt-remat cannot partition safely, naming the node at fault."""
-
-
-def prepare_joint(joint_module: fx.GraphModule, *, rng_replay: bool = True) -> fx.GraphModule:
-    """The clean-ups torch's partitioner applies before deciding: DCE, CSE, tag clean-up and the
-    MUST_SAVE tags on collectives, effectful ops and backward-mutation sources. With ``rng_replay``
-    a node capturing the RNG state goes before each random op (``opt_remat.rng_replay``), which
-    makes the op recomputable at the price of saving that state."""
-    joint_module.graph.eliminate_dead_code()
-    joint_module.recompile()
-    if functorch_config.cse:
-        joint_module.graph = tp.fx_graph_cse(joint_module.graph)
-    if tp.has_recomputable_ops(joint_module):
-        joint_module = tp.cleanup_recompute_tags(joint_module, is_default_partition=False)
-    if not functorch_config.unsafe_allow_optimization_of_collectives:
-        tp.force_save_collectives(joint_module)
-    tp.force_save_effectful_ops(joint_module)
-    tp.force_save_bw_mutation_src(joint_module)
-    if rng_replay:
-        insert_rng_states(joint_module)
-    return joint_module
-
-
-def classify(joint_module: fx.GraphModule, num_fwd_outputs: int,
-             static_lifetime_input_indices: list[int] | None = None) -> tp.NodeInfo:
-    return tp.classify_nodes(joint_module, static_lifetime_input_indices or [], num_fwd_outputs)
 
 
 _ALLOWED_NAMESPACES = {"aten", "prims"}

@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch._functorch import partitioners as tp
 from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
 from torch._inductor import config as inductor_config
@@ -40,7 +39,7 @@ from .rng_replay import fuse_rng_replay_graph
 _SUPPORTED_OPS = ("placeholder", "call_function", "get_attr", "output")
 
 
-class _Unsupported(Exception):
+class Unsupported(Exception):
     """A case torch's extraction handles specially: the caller falls back to it."""
 
 
@@ -66,7 +65,7 @@ def unsupported(joint_module: fx.GraphModule, saved: Iterable[fx.Node]) -> str |
     return None
 
 
-def _impurity() -> Callable[[fx.Node], bool]:
+def impurity() -> Callable[[fx.Node], bool]:
     """``Node.is_impure`` as ``Graph.eliminate_dead_code`` calls it, memoized per op overload (whose
     purity does not depend on the arguments)."""
     impure_random = True
@@ -84,47 +83,59 @@ def _impurity() -> Callable[[fx.Node], bool]:
     return impure
 
 
+def kept_nodes(nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[Any], subgraph: str, *,
+               impure: Callable[[fx.Node], bool] | None = None,
+               replays: dict[fx.Node, fx.Node] | None = None) -> list[fx.Node]:
+    """The nodes (not ``inputs``) of the graph torch's ``_extract_graph_with_inputs_outputs`` makes
+    from the joint graph's ``nodes``, in their order: those computable from ``inputs`` alone, and
+    allowed in ``subgraph``, that survive its dead-code elimination. ``replays``: extra inputs."""
+    impure = impure or impurity()
+    replays = replays or {}
+    is_input = set(inputs)
+    valid = set(inputs)
+    forward = subgraph == "forward"
+    for node in nodes:
+        if node in is_input or node.op == "placeholder" or node.op == "output":
+            continue
+        if tp._must_be_in_backward(node) if forward else tp._must_be_in_forward(node):
+            continue
+        state = replays.get(node)
+        if node.op == "get_attr" or (all(i in valid for i in node.all_input_nodes)
+                                     and (state is None or state in valid)):
+            valid.add(node)
+    needed = set()
+    for out in outputs:
+        if isinstance(out, fx.Node):
+            if out not in valid:
+                raise Unsupported(f"{subgraph} output {out.name} is not computable there")
+            needed.add(out)
+    kept = []
+    for node in reversed(nodes):
+        if node in is_input or node not in valid:
+            continue
+        if node in needed or impure(node):
+            kept.append(node)
+            needed.update(node.all_input_nodes)
+            if node in replays:
+                needed.add(replays[node])
+    kept.reverse()
+    return kept
+
+
 class _Joint:
     """The joint graph's nodes and the extra input each replayed random op reads (its RNG state)."""
 
     def __init__(self, joint_module: fx.GraphModule, replays: dict[fx.Node, fx.Node]) -> None:
         self.nodes = list(joint_module.graph.nodes)
-        self.order = {n: i for i, n in enumerate(self.nodes)}
         self.replays = replays
-        self.impure = _impurity()
+        self.impure = impurity()
 
     def inputs_of(self, node: fx.Node) -> list[fx.Node]:
         state = self.replays.get(node)
         return node.all_input_nodes if state is None else [state, *node.all_input_nodes]
 
     def kept(self, inputs: Sequence[fx.Node], outputs: Sequence[Any], subgraph: str) -> list[fx.Node]:
-        """The nodes (not ``inputs``) of the graph torch extracts, in joint order: those computable
-        from ``inputs`` (``_extract_graph_with_inputs_outputs``) that survive dead-code elimination."""
-        is_input = set(inputs)
-        valid = set(inputs)
-        forward = subgraph == "forward"
-        for node in self.nodes:
-            if node in is_input or node.op == "placeholder" or node.op == "output":
-                continue
-            if tp._must_be_in_backward(node) if forward else tp._must_be_in_forward(node):
-                continue
-            if node.op == "get_attr" or all(i in valid for i in self.inputs_of(node)):
-                valid.add(node)
-        needed = set()
-        for out in outputs:
-            if isinstance(out, fx.Node):
-                if out not in valid:
-                    raise _Unsupported(f"{subgraph} output {out.name} is not computable there")
-                needed.add(out)
-        kept = []
-        for node in reversed(self.nodes):
-            if node in is_input or node not in valid:
-                continue
-            if node in needed or self.impure(node):
-                kept.append(node)
-                needed.update(self.inputs_of(node))
-        kept.reverse()
-        return kept
+        return kept_nodes(self.nodes, inputs, outputs, subgraph, impure=self.impure, replays=self.replays)
 
     def autograd_order(self, kept: list[fx.Node], inputs: Sequence[fx.Node], tangents: Sequence[fx.Node],
                        outputs: Sequence[Any]) -> list[fx.Node]:
@@ -242,7 +253,7 @@ def extract_fwd_bwd(joint_module: fx.GraphModule, values: list[fx.Node], syms: l
         return None
     try:
         return _extract(joint_module, list(values), list(syms), num_fwd_outputs, replays)
-    except _Unsupported:
+    except Unsupported:
         return None
 
 

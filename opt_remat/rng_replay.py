@@ -113,8 +113,7 @@ def insert_rng_states(joint_module: fx.GraphModule) -> list[fx.Node]:
         state.meta["val"] = state_val
         state.meta[STATE_META] = node.name
         inserted.append(state)
-    if inserted:
-        joint_module.recompile()
+    # not recompiled: the states have no users, so the module's code computes the same
     return inserted
 
 

@@ -1,4 +1,5 @@
-"""The fast extraction (``opt_remat.extract``) makes exactly the graphs torch's extraction makes.
+"""The fast paths make exactly what torch's partitioner makes: the extraction (``opt_remat.extract``)
+its forward and backward graphs, ``prepare_joint`` its DCE and CSE, ``classify`` its ``NodeInfo``.
 
 Each case runs a conformance or model case with every lowering done both ways: the fast path's
 forward and backward must have torch's code (names, order, ops, arguments, output layout) and
@@ -8,10 +9,14 @@ output descriptors, and the fast path must really have been taken where it appli
 import pytest
 import torch
 
+from torch._functorch import partitioners as tp
+
 import opt_remat.api as api
 import opt_remat.lower as lower
 import test_conformance as conf  # tests/ is on sys.path (pytest's default import mode)
+from opt_remat.capture import capture_graphs
 from opt_remat.models import example_inputs, gpt2, llama
+from opt_remat.prepare import classify, prepare_joint
 from opt_remat.verify import compare_steps, save_all_backend, training_step
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
@@ -79,3 +84,49 @@ def test_fast_extraction_is_torchs_on_models_under_budgets(name, budget, cross_c
     step = training_step(model, inputs, be, seed=3)
     assert compare_steps(step, training_step(model, inputs, save_all_backend("inductor"), seed=3)).bitwise
     assert cross_check["fast"] >= 1 and cross_check["fallback"] == 0
+
+
+def _prepared_by_torch(gm):
+    """What torch's partitioner decides on: its DCE and CSE (tags are applied by shared code)."""
+    gm.graph.eliminate_dead_code()
+    gm.graph = tp.fx_graph_cse(gm.graph)
+    return gm
+
+
+def _structure(graph):
+    return [(n.name, n.op, str(n.target), repr(n.args), repr(n.kwargs), [u.name for u in n.users])
+            for n in graph.nodes]
+
+
+def _info_names(info):
+    return [[n.name for n in s] for s in (info.inputs, info.required_fw_nodes, info.required_bw_nodes,
+                                          info.tangents_closure, info.unclaimed_nodes)] + \
+        [{n.name: i for n, i in info.fw_order.items()}, [n.name for n in info.static_lifetime_input_nodes]]
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt-dropout", "mutations"])
+def test_prepare_and_classify_are_torchs(name):
+    if name == "mutations":
+        class Mutating(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.randn(6, 5))
+                self.register_buffer("buf", torch.zeros(3))
+
+            def forward(self, x):
+                self.buf.add_(1.0)
+                y = (x.t() @ self.w).relu()
+                # repeated ops, a view of an output, and random ops CSE must not merge
+                return y.sin() + y.sin(), y.view(-1), torch.rand_like(y) + torch.rand_like(y), self.buf * 1
+        graphs = capture_graphs(Mutating(), (torch.randn(6, 4, requires_grad=True),))
+    else:
+        torch.manual_seed(0)
+        model = llama() if name == "llama" else gpt2(layers=2, dropout=0.2)
+        graphs = capture_graphs(model, example_inputs(name.split("-")[0], model))
+    for joint in graphs:
+        ours, theirs = joint.copy(), joint.copy()
+        ours_module = prepare_joint(ours.module, rng_replay=False)
+        theirs_module = _prepared_by_torch(theirs.module)
+        assert _structure(ours_module.graph) == _structure(theirs_module.graph)
+        assert _info_names(classify(ours_module, joint.num_fwd_outputs, [0])) == \
+            _info_names(tp.classify_nodes(theirs_module, [0], joint.num_fwd_outputs))
