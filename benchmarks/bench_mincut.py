@@ -1,10 +1,14 @@
 """Scale: LLaMA-style joint graphs captured without allocating, partitioned by torch and opt-remat.
 
-    python benchmarks/bench_mincut.py [--layers 8 32 64] [--repeats 2] [--exact] [--time-limit 60]
+    python benchmarks/bench_mincut.py [--layers 32 64] [--repeats 3] [--exact] [--time-limit 60]
 
-Prints, per graph: nodes, capture time and peak RSS (fake-tensor capture), torch's
-min_cut_rematerialization_partition time (its whole partition, including lowering), opt-remat's
-stages (build problem, min-cut, lowering, total) and the ratios. With ``--exact``: CP-SAT and
+Prints, per graph, medians over ``--repeats`` runs on copies of one joint graph, torch and
+opt-remat alternating in the same process: torch's ``min_cut_rematerialization_partition`` (its
+whole partition), opt-remat's stages (prepare + build the problem, min-cut, lower to forward and
+backward modules) and its whole partition (``opt_remat.partitioner()``, the default solver: what
+``torch.compile`` runs), with the ratios torch / ours. ``whole, GC on``: the same with Python's
+cycle collector left on (the partitioner pauses it). Modules are plain GraphModules (compiled
+when made); under ``torch.compile`` both partitioners make lazy ones. With ``--exact``: CP-SAT and
 HiGHS at the saved bytes of torch's ``activation_memory_budget=0.5`` plan (time, gap, cost ratio,
 the program's variables before and after presolve), and CP-SAT on the tied problem
 (``symmetry="tie"``: one decision per repeated-layer group; its variables, time and cost against
@@ -15,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import time
 
 import torch
 
+import opt_remat
+from opt_remat.api import auto_lam, gc_paused
 from opt_remat.build import build_problem, classify, prepare_joint
 from opt_remat.capture import capture
+from opt_remat.costs import get_profile
 from opt_remat.lower import lower_plan
 from opt_remat.models import Llama
 from opt_remat.torch_reference import torch_plan
@@ -31,18 +39,15 @@ from solvers.registry import solve
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 
-def best_of(repeats: int, fn):
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--layers", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--seq", type=int, default=64)
@@ -50,6 +55,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args()
     torch.manual_seed(0)
+    lam = auto_lam(get_profile("h100"))  # the default partitioner's min-cut weight
     rows = []
     for layers in args.layers:
         def factory(layers=layers):
@@ -59,34 +65,33 @@ def main() -> None:
         joint = capture(factory, (torch.zeros(2, args.seq, dtype=torch.long),), meta=True)
         capture_s = time.perf_counter() - t0
         rss_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rss_before) / 1024
+        n = joint.num_fwd_outputs
 
-        def run_torch():
-            j = joint.copy()
-            return min_cut_rematerialization_partition(j.module, None, num_fwd_outputs=j.num_fwd_outputs)
-        torch_s, _ = best_of(args.repeats, run_torch)
-
-        stages: dict[str, list[float]] = {"prepare+build": [], "mincut": [], "lower": []}
+        times: dict[str, list[float]] = {k: [] for k in ("torch", "build", "mincut", "lower", "whole", "gc on")}
         for _ in range(args.repeats):
             j = joint.copy()
-            t = time.perf_counter()
-            module = prepare_joint(j.module)
-            info = classify(module, j.num_fwd_outputs)
-            problem = build_problem(module, num_fwd_outputs=j.num_fwd_outputs, node_info=info)
-            stages["prepare+build"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            plan = solve_mincut(problem, 0.1 * 3.35e12)
-            stages["mincut"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            lower_plan(module, plan, num_fwd_outputs=j.num_fwd_outputs)
-            stages["lower"].append(time.perf_counter() - t)
-        ours = {k: min(v) for k, v in stages.items()}
-        total = sum(ours.values())
+            times["torch"].append(_timed(lambda: min_cut_rematerialization_partition(j.module, None, num_fwd_outputs=n)))
+            j = joint.copy()
+            times["whole"].append(_timed(lambda: opt_remat.partitioner()(j.module, None, num_fwd_outputs=n)))
+            j = joint.copy()
+            times["gc on"].append(_timed(lambda: opt_remat.partitioner()._partition(j.module, None, n, None)))
+            j = joint.copy()
+            with gc_paused():  # the stages as the partitioner runs them
+                t = time.perf_counter()
+                module = prepare_joint(j.module)
+                problem = build_problem(module, num_fwd_outputs=n, node_info=classify(module, n))
+                times["build"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                plan = solve_mincut(problem, lam)
+                times["mincut"].append(time.perf_counter() - t)
+                times["lower"].append(_timed(lambda: lower_plan(module, plan, num_fwd_outputs=n)))
+        med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({
             "layers": layers, "nodes": len(problem.nodes), "capture s": f"{capture_s:.1f}",
-            "torch partition s": f"{torch_s:.3f}",
-            "ours build s": f"{ours['prepare+build']:.3f}", "ours mincut s": f"{ours['mincut']:.3f}",
-            "ours lower s": f"{ours['lower']:.3f}", "ours total s": f"{total:.3f}",
-            "mincut / torch": f"{ours['mincut'] / torch_s:.3f}", "total / torch": f"{total / torch_s:.2f}",
+            "torch s": f"{med['torch']:.2f}", "build s": f"{med['build']:.2f}",
+            "min-cut s": f"{med['mincut']:.3f}", "lower s": f"{med['lower']:.2f}",
+            "whole s": f"{med['whole']:.2f}", "torch / whole": f"{med['torch'] / med['whole']:.1f}x",
+            "whole, GC on s": f"{med['gc on']:.2f}", "torch / GC on": f"{med['torch'] / med['gc on']:.1f}x",
             "saved": format_bytes(plan.saved_bytes), "peak RSS MB": f"{rss_mb:.0f}",
         })
         if args.exact:
@@ -110,7 +115,7 @@ def main() -> None:
                 rows[-1][f"{key}/torch cost"] = (f"{exact.recompute_cost / ref.recompute_cost:.2f}"
                                                  if ref.recompute_cost > 0 else "-")
         print(table(rows[-1:], list(rows[-1])), flush=True)
-    print("\nsummary (best of %d):" % args.repeats)
+    print("\nsummary (medians of %d):" % args.repeats)
     print(table(rows, list(rows[0])))
 
 

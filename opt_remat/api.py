@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import time
@@ -53,8 +54,42 @@ class PartitionRecord:
     bw_module: fx.GraphModule
     num_fwd_outputs: int
     seconds: float
-    values: list[dict[str, Any]] = field(default_factory=list)  # canonical values (opt_remat.canonical)
-    graph_id: str = ""
+    # the joint graph's canonical values (opt_remat.canonical) and id, or how to compute them: on
+    # first use, as reports and plan files need them and a partition does not
+    canonical: tuple[list[dict[str, Any]], str] | Callable[[], tuple[list[dict[str, Any]], str]] = \
+        field(default=([], ""), repr=False)
+
+    @property
+    def values(self) -> list[dict[str, Any]]:
+        return self._canonical()[0]
+
+    @property
+    def graph_id(self) -> str:
+        return self._canonical()[1]
+
+    def _canonical(self) -> tuple[list[dict[str, Any]], str]:
+        if callable(self.canonical):
+            self.canonical = self.canonical()  # computed once; the joint graph is let go
+        return self.canonical
+
+
+def _canonical(joint_module: fx.GraphModule, roles: list[str] | None) -> tuple[list[dict[str, Any]], str]:
+    values = canonical_values(joint_module, roles)
+    return values, graph_id(joint_module, values)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a partition: building graphs allocates many objects, and
+    with a large heap (the model, its graphs, their fake tensors) the collections this triggers
+    cost as much as the partition itself; it makes few cycles. Restored on the way out."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -116,6 +151,11 @@ class Partitioner:
     def __call__(self, joint_module: fx.GraphModule, joint_inputs: Any, *args: Any,
                  num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        with gc_paused():
+            return self._partition(joint_module, joint_inputs, num_fwd_outputs, static_lifetime_input_indices)
+
+    def _partition(self, joint_module: fx.GraphModule, joint_inputs: Any, num_fwd_outputs: int,
+                   static_lifetime_input_indices: list[int] | None) -> tuple[fx.GraphModule, fx.GraphModule]:
         start = time.perf_counter()
         # torch's baseline runs torch's partitioner, which knows nothing of opt-remat's state nodes
         replay = self.rng_replay and not (self.solver == TORCH_SOLVER and self._plan_data is None)
@@ -133,7 +173,6 @@ class Partitioner:
                 torch_runtime_optimized_saved(joint_module, info)))
             return self._torch_partition(joint_module, joint_inputs, info, problem, budget, requested,
                                          num_fwd_outputs, static_lifetime_input_indices, start)
-        values = canonical_values(joint_module, self.input_roles)
         if self._plan_data is not None:
             from .plans import match_plan
             budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
@@ -157,8 +196,10 @@ class Partitioner:
             plan = realized_plan(problem, plan)
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
+        # the joint graph is not changed after this: its canonical values can wait for a reader
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start, values, graph_id(joint_module, values)))
+                                            time.perf_counter() - start,
+                                            functools.partial(_canonical, joint_module, self.input_roles)))
         return fw_module, bw_module
 
 
@@ -189,7 +230,7 @@ class Partitioner:
                 joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                 static_lifetime_input_indices=static_lifetime_input_indices)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start, values, gid))
+                                            time.perf_counter() - start, (values, gid)))
         return fw_module, bw_module
 
 @functools.lru_cache(maxsize=1)

@@ -287,7 +287,8 @@ def _extract(joint_module: fx.GraphModule, values: list[fx.Node], syms: list[fx.
     _raise_getitems(fwd_graph)
 
     bwd_inputs = syms + values + tangents + bwd_seeds
-    body = joint.kept(bwd_inputs, bwd_outputs, "backward")
+    if bwd_inputs != first_inputs:  # else the backward's nodes are those found above
+        body = joint.kept(bwd_inputs, bwd_outputs, "backward")
     bwd_graph = _build(joint, bwd_inputs, joint.autograd_order(body, bwd_inputs, tangents, bwd_outputs),
                        bwd_outputs, bwd_descs, backward=True)
     _raise_getitems(bwd_graph)
