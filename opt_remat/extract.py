@@ -4,10 +4,10 @@ It makes the graphs torch's lowering makes (``_extract_fwd_bwd_modules``, then
 ``reordering_to_mimic_autograd_engine`` on the backward and ``raise_getitems`` on both): the same
 nodes, names, order and output layout (forward: its outputs, then the saved tensors, then the saved
 symbolic ints; backward: those saved values, then the tangents), which ``tests/test_extract.py``
-checks against torch's. Torch copies the joint graph three times, dead-code-eliminates the copies,
-copies the backward again to reorder it, and compiles the modules five times; here which nodes each
-graph keeps, and in what order, is decided on the joint graph first, so each node is copied once
-and each module compiled once.
+checks against torch's. Torch copies the joint graph's nodes three times, dead-code-eliminates the
+copies, copies the backward again to reorder it, and compiles the modules five times; here which
+nodes each graph keeps, and in what order, is decided on the joint graph first, so each node is
+copied once and each module compiled once.
 
 ``unsupported`` names the graphs this path does not model (activation quantization, collectives,
 ``invoke_subgraph``, backward state, opaque saved values, tensors saved without version-counter
