@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -35,7 +35,23 @@ class GraphError(ValueError):
 _ALLOWED_NAMESPACES = {"aten", "prims"}
 
 
-def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False) -> str | None:
+def _impurity() -> Callable[[fx.Node], bool]:
+    """``node.is_impure()``, looked up once per op overload within one build (its purity does not
+    depend on the arguments)."""
+    memo: dict[Any, bool] = {}
+
+    def impure(node: fx.Node) -> bool:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return node.is_impure()
+        if target not in memo:
+            memo[target] = node.is_impure()
+        return memo[target]
+    return impure
+
+
+def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
+                impure: Callable[[fx.Node], bool] = fx.Node.is_impure) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
@@ -56,7 +72,7 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False) -
             return f"non-aten op ({target.namespace})"  # collectives and custom ops: unknown effects
         if target._schema.is_mutable:
             return "mutating op"
-    if node.is_impure() and not seeded:  # FX calls seeded ops impure for their randomness alone
+    if not seeded and impure(node):  # FX calls seeded ops impure for their randomness alone
         return "side effects"
     return None
 
@@ -104,6 +120,7 @@ def build_problem(
     profile = get_profile(device)
     info = node_info or classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     op_types = tp.get_default_op_list()
+    impure = _impurity()
     inputs = set(info.inputs)
     fwd_outputs, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
     bwd_out_nodes = {o for o in bwd_outputs if isinstance(o, fx.Node)}
@@ -174,7 +191,7 @@ def build_problem(
             replayable = role is Role.FORWARD and node.name in state_of
             if replayable:
                 extra_inputs = (state_of[node.name],)
-            reason = _ban_reason(node, op_types, replayable)
+            reason = _ban_reason(node, op_types, replayable, impure)
             banned = reason is not None
             if banned:
                 ban_reasons[node.name] = reason
