@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from torch._functorch import partitioners as tp
+from torch._inductor import config as inductor_config
 
 import opt_remat.api as api
+import opt_remat.extract as extract
 import opt_remat.lower as lower
 import test_conformance as conf  # tests/ is on sys.path (pytest's default import mode)
 from opt_remat.capture import capture_graphs
@@ -130,3 +132,17 @@ def test_prepare_and_classify_are_torchs(name):
         assert _structure(ours_module.graph) == _structure(theirs_module.graph)
         assert _info_names(classify(ours_module, joint.num_fwd_outputs, [0])) == \
             _info_names(tp.classify_nodes(theirs_module, [0], joint.num_fwd_outputs))
+
+
+def test_unmodelled_graphs_fall_back_to_torchs_extraction():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    (joint,) = capture_graphs(model, (torch.randn(4, 8),))
+    module = prepare_joint(joint.module)
+    saved = [n for n in module.graph.nodes if n.op == "placeholder"][:1]
+    assert extract.unsupported(module, saved) is None
+    with inductor_config.patch(post_grad_fusion_options={"activation_quantization_aten_pass": {}}):
+        assert extract.unsupported(module, saved) == "activation quantization"
+        assert extract.extract_fwd_bwd(module, saved, [], num_fwd_outputs=joint.num_fwd_outputs) is None
+    saved[0].meta["saved_tensor_with_no_vc_check"] = True
+    assert "version-counter" in extract.unsupported(module, saved)
