@@ -31,10 +31,15 @@ def _step(model, inputs, solver, budget, **options):
     return step, be.partitioner.history[-1]
 
 
-@pytest.mark.parametrize("solver,options", [
-    ("cpsat", {"time_limit_s": 30}), ("milp", {"backend": "highs"}), ("mincut", {}),
+_SLOW = pytest.mark.slow  # the fast set keeps each solver and each model once; CI runs every pair
+
+
+@pytest.mark.parametrize("name,solver,options", [
+    ("gpt", "milp", {"backend": "highs"}), ("gpt", "mincut", {}), ("llama", "cpsat", {"time_limit_s": 30}),
+    pytest.param("gpt", "cpsat", {"time_limit_s": 30}, marks=_SLOW),
+    pytest.param("llama", "milp", {"backend": "highs"}, marks=_SLOW),
+    pytest.param("llama", "mincut", {}, marks=_SLOW),
 ])
-@pytest.mark.parametrize("name", ["gpt", "llama"])
 def test_budgets_hold_and_gradients_match(name, solver, options):
     model, inputs, ref = _setup(name)
     for budget in (0.8, 0.3, 0.05):
@@ -98,6 +103,8 @@ def test_default_solver_under_a_budget_is_near_the_exact_optimum(name):
         exact = choose_plan(rec.problem, "cpsat", rec.budget_bytes, {"time_limit_s": 30})
         assert exact.status.value == "optimal"
         assert rec.plan.recompute_cost <= 1.05 * exact.recompute_cost + 1e-15, (fraction, rec.plan.solver)
+        if fraction != 0.5:  # one compile per model shows it
+            continue
         # named, min-cut stays the pure min-cut search
         torch._dynamo.reset()
         be = opt_remat.backend("mincut", fraction, compiler="eager", decompositions="inductor")

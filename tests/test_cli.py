@@ -349,7 +349,7 @@ def test_peak_budgets_in_a_run(tmp_path, capsys):
     text = (TINY.replace("opt_remat.models:mlp", "opt_remat.models:llama")
             .replace("{{d_in: 16, hidden: 32, layers: 2}}", "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")
             .replace("{{shape: [4, 16], dtype: float32}}", "{{shape: [2, 16], dtype: int64, high: 64}}")
-            .replace("[mincut, save-all, greedy]", "[mincut, {{name: cpsat, time_limit_s: 5}}, greedy, torch]"))
+            .replace("[mincut, save-all, greedy]", "[mincut, {{name: cpsat, time_limit_s: 2}}, greedy, torch]"))
     path = tmp_path / "peak.yaml"
     path.write_text(text.format(out="out"))
     problem = materialize(load_config(path)).problem

@@ -72,20 +72,16 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
         output: {dir: out, formats: [json]}
     """)
     # a peak budget halfway between the floor and save-all's peak: CP-SAT searches it for 40 s+
-    probe = _start(["-c", textwrap.dedent("""
-        import sys
-        from opt_remat.config import load_config
-        from opt_remat.runner import materialize
-        from solvers.liveness import peak_lower_bound, simulate_plan
-        from solvers.registry import solve
-        problem = materialize(load_config(sys.argv[1])).problem
-        top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
-        print((peak_lower_bound(problem) + top) // 2)
-    """), "run.yaml"], tmp_path)
+    # (found here, where torch is imported already, not in a process of its own)
+    from opt_remat.config import load_config
+    from opt_remat.runner import materialize
+    from solvers.liveness import peak_lower_bound, simulate_plan
+    from solvers.registry import solve
+
     (tmp_path / "run.yaml").write_text(config.replace(", PEAK", ""))
-    out, err = probe.communicate(timeout=300)
-    assert probe.returncode == 0, err[-2000:]
-    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % int(out)))
+    problem = materialize(load_config(tmp_path / "run.yaml")).problem
+    top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
+    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % ((peak_lower_bound(problem) + top) // 2)))
 
     proc = _start(["-m", "opt_remat.cli", "run", "run.yaml"], tmp_path)
     _wait_for(proc, "[3/4]")  # the last pair, the long peak solve, has started

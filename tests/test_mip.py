@@ -38,7 +38,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)  # 3 engines each: ~7 s on 2 cores
 @given(seed=st.integers(0, 10**6), n=st.integers(2, 10), frac=st.floats(0.0, 1.0),
        view_prob=st.sampled_from([0.0, 0.1, 0.4]), must_recompute_prob=st.sampled_from([0.0, 0.15]),
        count_inputs=st.booleans())

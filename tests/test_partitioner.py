@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.compilers import nop
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -68,7 +67,9 @@ def test_drop_in_partition_fn_for_aot_autograd():
     assert check.bitwise and pfn.history
 
 
-@pytest.mark.parametrize("name", ["gpt-dropout", "mlp"])
+# inductor compiles GPT's kernels for a minute on 2 cores: CI runs it; dropout under inductor stays
+# in the fast set through tests/test_rng_replay.py
+@pytest.mark.parametrize("name", [pytest.param("gpt-dropout", marks=pytest.mark.slow), "mlp"])
 def test_inductor_backend_matches_save_all(name):
     model, inputs = _model(name)
     from torch._inductor import config as inductor_config
