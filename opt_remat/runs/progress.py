@@ -9,6 +9,7 @@ couple of seconds, its incumbent cost, bound and gap as the solver improves them
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -63,7 +64,8 @@ class Display:
             return
         from tqdm import tqdm
         tqdm.monitor_interval = 0  # no monitor thread of tqdm's own: ours redraws the clock
-        self._bar = tqdm(total=total, file=self.stream, unit="pair", dynamic_ncols=True, leave=False,
+        self._bar = tqdm(total=total, file=self.stream, unit="pair", ncols=_columns(), leave=False,
+                         nrows=shutil.get_terminal_size((100, 24)).lines,
                          bar_format="{n_fmt}/{total_fmt} pairs |{bar:16}| {elapsed} {desc}")
 
     def finished(self, line: str) -> None:
@@ -72,6 +74,7 @@ class Display:
         if self._bar is not None:
             with self._lock:
                 self._activity, self._search = "", None
+            self._bar.set_description_str("", refresh=False)
             self._bar.update(1)
 
     # ---- live: what is being done now ----
@@ -109,6 +112,7 @@ class Display:
                     text += f": incumbent {format_seconds(p.incumbent)}, bound {format_seconds(p.bound)}"
                     if p.gap is not None:
                         text += f", gap {p.gap:.1%}"
+        bar.ncols = _columns()  # the terminal may have been resized
         bar.set_description_str(text, refresh=False)
         bar.refresh()
 
@@ -126,3 +130,8 @@ class Display:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _columns() -> int:
+    # shutil falls back when the terminal reports no size (a 0x0 pty: tqdm would draw nothing)
+    return shutil.get_terminal_size((100, 24)).columns
