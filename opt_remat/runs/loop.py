@@ -69,10 +69,10 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
     with display:
         display.start(len(pending))
         solved = solve_all(work, pending, jobs=jobs, executor=executor, on_progress=display.search,
-                           on_start=lambda p: display.doing(f"solving budget {p.budget.label} {p.solver.label}"))
+                           on_start=lambda p: display.doing(f"solving {p.budget.label} {p.solver.label}"))
         with closing(solved):  # Ctrl-C while checking a plan: the pool's solves are dropped too
             for done, (pair, result) in enumerate(solved, 1):
-                display.doing(f"checking budget {pair.budget.label} {pair.solver.label}")
+                display.doing(f"checking {pair.budget.label} {pair.solver.label}")
                 rec = make_record(cfg, work, pair.budget, pair.solver, pair.budget_bytes, result)
                 records[rec.key] = rec
                 store.write(list(records.values()))

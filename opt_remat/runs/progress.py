@@ -109,7 +109,7 @@ class Display:
                 text += f" ({elapsed:.0f} s)"
                 p = self._search
                 if p is not None and elapsed >= SHOW_SEARCH_AFTER_S:
-                    text += f": incumbent {format_seconds(p.incumbent)}, bound {format_seconds(p.bound)}"
+                    text += f": best {format_seconds(p.incumbent)}, bound {format_seconds(p.bound)}"
                     if p.gap is not None:
                         text += f", gap {p.gap:.1%}"
         bar.ncols = _columns()  # the terminal may have been resized
