@@ -108,19 +108,16 @@ def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b:
                 return "="
             return f"{(v - u) / abs(u):+.1%}" if u else "new"
 
-        def get(r: Record | None, field: str) -> object:
-            return getattr(r, field) if r is not None else None
-
         rows.append({
             "budget": key[0], "solver": key[1],
             f"saved {name_a}": format_bytes(x.saved_bytes) if x else "(none)",
             f"saved {name_b}": format_bytes(y.saved_bytes) if y else "(none)",
             "saved d": delta("saved_bytes"),
-            f"recompute {name_a}": format_seconds(get(x, "recompute_cost")),  # type: ignore[arg-type]
-            f"recompute {name_b}": format_seconds(get(y, "recompute_cost")),  # type: ignore[arg-type]
+            f"recompute {name_a}": format_seconds(x.recompute_cost if x else None),
+            f"recompute {name_b}": format_seconds(y.recompute_cost if y else None),
             "recompute d": delta("recompute_cost"),
-            f"solve {name_a}": format_seconds(get(x, "solve_time_s")),  # type: ignore[arg-type]
-            f"solve {name_b}": format_seconds(get(y, "solve_time_s")),  # type: ignore[arg-type]
+            f"solve {name_a}": format_seconds(x.solve_time_s if x else None),
+            f"solve {name_b}": format_seconds(y.solve_time_s if y else None),
             f"status {name_a}/{name_b}": f"{x.status if x else '-'}/{y.status if y else '-'}",
             f"verified {name_a}/{name_b}": f"{verified_text(x) if x else '-'}/{verified_text(y) if y else '-'}",
         })
