@@ -12,10 +12,8 @@ Bad input (configuration, options, files) exits with code 2 and one line naming 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,8 +98,9 @@ def cli_budget(text: str | None) -> int | float | str | None:
 
 # ---- run -------------------------------------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .runner import materialize, ray_available, run
+    from .runs import load_config, materialize, run
+    from .runs.execute import ray_available
+    from .runs.progress import Display, terminal_mode
 
     if args.jobs < 1:
         raise UsageError(f"--jobs: expected an integer >= 1, got {args.jobs}")
@@ -110,9 +109,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set or [])
     print(f"capturing {cfg.name} ...", flush=True)
     work = materialize(cfg)  # everything is validated before the output folder is created
-    try:
+    try:  # a live display on a terminal, plain lines when piped
         summary = run(cfg, jobs=args.jobs, executor=args.executor, work=work,
-                      echo=lambda s: print(s, flush=True))
+                      display=Display(terminal_mode(sys.stdout)))
     except KeyboardInterrupt:
         _err(f"interrupted; the pairs done so far are in {cfg.output_dir} (rerun to resume)")
         return EXIT_INTERRUPTED
@@ -124,9 +123,11 @@ def _run(args: argparse.Namespace) -> int:
 
 # ---- solve -----------------------------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    from .config import ConfigError, known_solvers, load_config
+    from .options import known_solvers
     from .report import describe_plan
-    from .runner import SolveRefused, materialize_all, solve_one, write_plan
+    from .runs import ConfigError, SolveRefused, load_config, materialize_all
+    from .runs.execute import solve_one
+    from .runs.plan_files import apply_hint, write_plan
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
@@ -170,7 +171,6 @@ def _solve(args: argparse.Namespace) -> int:
         write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
         print(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
               f"written to {path}")
-    from .runner import apply_hint
     hint = apply_hint(cfg, out if len(budgets) == 1 else out.with_name(f"{out.stem}-LABEL{out.suffix}"))
     if hint:
         print(f"apply it in training with: {hint}")
@@ -185,151 +185,45 @@ def _safe_label(label: str) -> str:
 def _show(args: argparse.Namespace) -> int:
     from solvers.plans_io import PlanMismatchError, read_plan_file
 
+    from .runs.show import made_for_lines, show_graph
+
     try:
         doc = read_plan_file(args.plan)
     except PlanMismatchError as exc:
         raise UsageError(str(exc)) from None
     print(f"plan file {args.plan}: {len(doc['graphs'])} graph(s)")
-    for line in _made_for_lines(doc.get("made_for") or {}):
+    for line in made_for_lines(doc.get("made_for") or {}):
         print("  " + line)
     for i, graph in enumerate(doc["graphs"]):
         print(f"\n== graph {i + 1} of {len(doc['graphs'])}" if len(doc["graphs"]) > 1 else "")
-        _show_graph(graph, args.names)
+        show_graph(graph, args.names)
     return 0
 
 
-def _made_for_lines(made_for: dict[str, Any]) -> list[str]:
-    """Who the plans are for: model, dtype, input shapes, capture settings, versions."""
-    lines = []
-    model = made_for.get("model") or {}
-    if model.get("factory"):
-        kwargs = ", ".join(f"{k}={v}" for k, v in (model.get("kwargs") or {}).items())
-        lines.append(f"model      : {model['factory']}({kwargs})")
-    elif model.get("graph"):
-        lines.append(f"model      : graph file {model['graph']}")
-    if made_for.get("dtype") or made_for.get("inputs"):
-        lines.append(f"dtype {made_for.get('dtype', '?')}, inputs {', '.join(made_for.get('inputs') or []) or '-'}")
-    cap = made_for.get("capture") or {}
-    if cap:
-        lines.append(f"captured   : compiler={cap.get('compiler')}, decompositions={cap.get('decompositions')}"
-                     + (", fake tensors (no weights)" if cap.get("meta") else ", real tensors"))
-    vers = made_for.get("versions") or {}
-    if vers:
-        lines.append(f"made with  : opt-remat {vers.get('opt_remat', '?')}, torch {vers.get('torch', '?')}")
-    if made_for.get("config"):
-        lines.append(f"config     : {made_for['config']}")
-    if made_for.get("apply"):
-        lines.append(f"apply with : {made_for['apply']}")
-    return lines
-
-
-def _show_graph(doc: dict[str, Any], names: bool) -> None:
-    from .report import table
-    from .runner import format_seconds, short_op
-
-    nodes: dict[str, dict[str, Any]] = doc.get("nodes") or {}
-    gap = doc.get("gap")
-    print(f"solver {doc.get('solver')}, status {doc.get('status')}"
-          + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
-          + (f", solved in {doc['solve_time_s']:.3f} s" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
-    print(f"  graph {doc['graph_id']} ({doc.get('graph_nodes', len(doc['values']))} values)")
-    budget = doc.get("budget")
-    print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
-          + (f" (budget {format_bytes(budget)}" + (f" = {doc['budget_spec']}" if doc.get("budget_spec") is not None else "")
-             + ")" if budget is not None else ""))
-    if doc.get("peak_bytes") is not None:
-        print(f"  step peak          : {format_bytes(doc['peak_bytes'])} predicted"
-              + (f", of it gradients {format_bytes(doc['peak_gradient_bytes'])}"
-                 if doc.get("peak_gradient_bytes") else "")
-              + (f" (peak budget {format_bytes(doc['peak_budget'])})" if doc.get("peak_budget") else ""))
-    print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
-          f"{format_seconds(doc.get('recompute_cost'))}")
-    if doc.get("message"):
-        print(f"  note: {doc['message']}")
-    for title, members_all, metric in (("saved", doc["saved"], "bytes"), ("recomputed", doc.get("recomputed", []), "cost")):
-        if not members_all:
-            print(f"\n{title}: nothing")
-            continue
-        if not nodes:
-            print(f"\n{title} ({len(members_all)}): " + ", ".join(members_all))
-            continue
-        groups: dict[str, list[str]] = defaultdict(list)
-        for n in members_all:
-            info = nodes.get(n, {})
-            label = "graph input" if info.get("role") == "input" else short_op(info.get("op", "?"))
-            groups[label].append(n)
-        rows = []
-        for op, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-            if metric == "bytes":  # each storage once; graph inputs are free unless counted
-                storages = {nodes.get(m, {}).get("storage", m): nodes.get(m, {}).get("storage_bytes",
-                                                                                    nodes.get(m, {}).get("bytes", 0))
-                            for m in members}
-                total = sum(v or 0 for v in storages.values())
-            else:
-                total = sum(nodes.get(m, {}).get(metric, 0) or 0 for m in members)
-            modules = sorted({nodes.get(m, {}).get("module", "") for m in members} - {""})
-            rows.append({"op": op, "count": len(members),
-                         metric: format_bytes(total) if metric == "bytes" else format_seconds(total),
-                         "modules": (", ".join(modules[:4]) + (f" (+{len(modules) - 4})" if len(modules) > 4 else "")) or "-",
-                         **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if names else {})})
-        print(f"\n{title} by op:")
-        print(table(rows, list(rows[0])))
-
-
 # ---- compare -----------------------------------------------------------------------------------------
-def _load_run(path: str) -> dict[str, Any]:
+def _load_run(path: str) -> Any:
+    from .runs.results import read_results
+
     p = Path(path)
     f = p / "results.json" if p.is_dir() else p
-    try:
-        data = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no results.json there (expected a folder written by opt-remat run)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read results: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
-        raise UsageError(f"{f}: not an opt-remat results file")
-    return data
+    if not f.is_file():
+        raise UsageError(f"{path}: no results.json there (expected a folder written by opt-remat run)")
+    results = read_results(f)
+    if results is None:
+        raise UsageError(f"{f}: not an opt-remat results file (or a format this version cannot read)")
+    return results
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .report import table
-    from .runner import format_seconds, record_key, verified_text
+    from .runs.summary import compare_table
 
     a, b = _load_run(args.a), _load_run(args.b)
-    ra = {record_key(r): r for r in a["results"]}
-    rb = {record_key(r): r for r in b["results"]}
-    keys = list(ra) + [k for k in rb if k not in ra]
     name_a, name_b = args.label or ("A", "B")
-    print(f"{name_a}: {args.a} ({a.get('name')}, graph {a.get('fingerprint', {}).get('graph_hash')})")
-    print(f"{name_b}: {args.b} ({b.get('name')}, graph {b.get('fingerprint', {}).get('graph_hash')})")
-    if a.get("fingerprint", {}).get("graph_hash") != b.get("fingerprint", {}).get("graph_hash"):
+    print(f"{name_a}: {args.a} ({a.name}, graph {a.fingerprint.get('graph_hash')})")
+    print(f"{name_b}: {args.b} ({b.name}, graph {b.fingerprint.get('graph_hash')})")
+    if a.fingerprint.get("graph_hash") != b.fingerprint.get("graph_hash"):
         print("note: the two runs solved different graphs")
-    rows = []
-    for key in keys:
-        x, y = ra.get(key, {}), rb.get(key, {})
-
-        def delta(field: str) -> str:
-            u, v = x.get(field), y.get(field)
-            if not isinstance(u, (int, float)) or not isinstance(v, (int, float)):
-                return "-"
-            if u == v:
-                return "="
-            return f"{(v - u) / abs(u):+.1%}" if u else "new"
-
-        rows.append({
-            "budget": key[0], "solver": key[1],
-            f"saved {name_a}": format_bytes(x.get("saved_bytes")) if x else "(none)",
-            f"saved {name_b}": format_bytes(y.get("saved_bytes")) if y else "(none)",
-            "saved d": delta("saved_bytes"),
-            f"recompute {name_a}": format_seconds(x.get("recompute_cost")),
-            f"recompute {name_b}": format_seconds(y.get("recompute_cost")),
-            "recompute d": delta("recompute_cost"),
-            f"solve {name_a}": format_seconds(x.get("solve_time_s")),
-            f"solve {name_b}": format_seconds(y.get("solve_time_s")),
-            f"status {name_a}/{name_b}": f"{x.get('status', '-')}/{y.get('status', '-')}",
-            f"verified {name_a}/{name_b}": f"{verified_text(x) if x else '-'}/{verified_text(y) if y else '-'}",
-        })
-    print(table(rows, list(rows[0])) if rows else "(no results)")
+    print(compare_table(a.records, b.records, name_a, name_b))
     return 0
 
 
@@ -393,8 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
         return int(exc.code or 0)
     # imported after parsing: --help answers without importing torch
-    from .config import ConfigError
-    from .runner import RunError
+    from .runs import ConfigError, RunError
 
     if args.command == "demo":
         args.budget = cli_budget(args.budget)

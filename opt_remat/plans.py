@@ -42,9 +42,9 @@ def entry_for(joint_module: fx.GraphModule, roles: Sequence[str] | None, problem
 
 
 def write_plan_file(path: str | Path, entries: Sequence[dict[str, Any]], made_for: Mapping[str, Any]) -> None:
-    from .runner import _jsonable, write_atomic
+    from .runs.util import jsonable, write_atomic
     doc = plan_document(entries, {**made_for, "versions": versions()})
-    write_atomic(Path(path), json.dumps(_jsonable(doc), indent=1) + "\n")
+    write_atomic(Path(path), json.dumps(jsonable(doc), indent=1) + "\n")
 
 
 def match_plan(data: dict[str, Any], joint_module: fx.GraphModule, roles: Sequence[str] | None,

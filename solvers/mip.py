@@ -64,7 +64,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import interrupt
+from . import interrupt, progress
 from .mincut import _INF_BITS, InfeasibleError, lam_range, solve_mincut
 from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
 from .problem import Plan, Problem, Status, plan_from_saved
@@ -160,10 +160,13 @@ class _Result:
 def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
                *, time_limit_s: float, threads: int, seed: int, presolve: bool = False,
                proven: Callable[[float, float], bool] | None = None,
-               extend: Callable[[Any, list[Any]], None] | None = None) -> _Result:
+               extend: Callable[[Any, list[Any]], None] | None = None,
+               report_as: Callable[[float], float] | None = None) -> _Result:
     """Solve with CP-SAT. Once ``proven(incumbent, bound)`` holds (objective values as floats;
     e.g. the part of the objective that matters is proven optimal), the search gets a grace period
-    of a fifth of the time it took to get there (at least 1 s) and is then stopped."""
+    of a fifth of the time it took to get there (at least 1 s) and is then stopped. With
+    ``report_as`` (an objective value -> the true cost), a listener of ``solvers.progress`` hears of the
+    incumbent and bound."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -207,7 +210,10 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
         solver.parameters.subsolvers.extend(_CPSAT_SUBSOLVERS)
     watch = None
     watcher = None
-    if proven is not None:
+    # callbacks only where they were safe before: with ``proven`` (as always), or on a plain model
+    # (CP-SAT 9.15 crashes calling them on the peak relaxation's cumulative constraints)
+    report = report_as is not None and progress.listening() and (proven is not None or extend is None)
+    if proven is not None or report:
         start = time.perf_counter()
         lock = threading.Lock()
         finished = threading.Event()
@@ -219,7 +225,7 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
             def check(self) -> None:  # called from CP-SAT's threads: only records (starting a
                 # thread from there crashes the interpreter)
                 with lock:
-                    if not proven_at and proven(self.best, self.bound):
+                    if proven is not None and not proven_at and proven(self.best, self.bound):
                         proven_at.append(time.perf_counter())
 
             def on_solution_callback(self) -> None:
@@ -230,7 +236,9 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
                 self.bound = max(self.bound, b)
                 self.check()
 
-        def stop_after_grace() -> None:  # started from this thread, before the solve
+        def poll() -> None:  # started from this thread, before the solve: stops the search after
+            # the grace period, and reports progress (from here, not from CP-SAT's threads)
+            shown = None
             while not finished.wait(0.05):
                 with lock:
                     due = proven_at and time.perf_counter() - proven_at[0] >= max(
@@ -238,10 +246,14 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
                     if due and not finished.is_set():
                         solver.stop_search()
                         return
+                    now = (watch.best, watch.bound)
+                if report and now != shown and report_as is not None:
+                    shown = now
+                    progress.report(*(report_as(v) if math.isfinite(v) else None for v in now))
 
         watch = _Watch()
         solver.best_bound_callback = watch.on_bound
-        watcher = threading.Thread(target=stop_after_grace, daemon=True)
+        watcher = threading.Thread(target=poll, daemon=True)
         watcher.start()
     try:
         with interrupt.stop_on_sigint(solver.stop_search):
@@ -595,7 +607,8 @@ def _solve_cpsat(model: Model, scale: _CostScale, budget: int | None, hint: list
 
     res = _run_cpsat(model, obj, budget, hint, time_limit_s=time_limit_s, threads=threads,
                      seed=seed, proven=cost_proven if model.mem_var and tie_break else None,
-                     extend=extend, presolve=presolve)
+                     extend=extend, presolve=presolve,
+                     report_as=lambda v: (math.floor(v) // w) / scale.k)  # the cost part, in seconds
     detail: dict[str, object] = {"tie_break": "none"}
     bound = None
     if res.bound is not None:

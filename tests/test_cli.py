@@ -89,10 +89,11 @@ def test_run_writes_every_report(tiny_run):
     doc = json.loads((out / "results.json").read_text())
     assert doc["mincut_hull"] and doc["fingerprint"]["graph_hash"]
     # every plan's simulated step peak, and the live-memory curves as a second plot
-    from opt_remat.runner import memory_curves
+    from opt_remat.runs.results import Record
+    from opt_remat.runs.summary import memory_curves
     planned = [r for r in recs if r.get("saved_bytes") is not None]
     assert all(r["peak_bytes"] > 0 for r in planned) and "step peak" in table
-    curves = memory_curves(_problem_of(out), recs, out)
+    curves = memory_curves(_problem_of(out), [Record.from_json(r) for r in recs], out)
     assert set(curves) == {"0.5", "0.2"}
     for r in planned:
         assert max(curves[r["budget"]][r["solver"]]) == r["peak_bytes"]
@@ -102,8 +103,8 @@ def test_run_writes_every_report(tiny_run):
 
 
 def _problem_of(out: Path):
-    from opt_remat.config import load_config
-    from opt_remat.runner import materialize
+    from opt_remat.runs import load_config
+    from opt_remat.runs import materialize
     return materialize(load_config(out.parent / "tiny.yaml")).problem
 
 
@@ -341,8 +342,8 @@ def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
 def test_peak_budgets_in_a_run(tmp_path, capsys):
     # a peak budget between the floor and the least-recompute plan's peak (the peak-aware solvers
     # meet it, the others are skipped), and one below the floor (a clear infeasible record)
-    from opt_remat.config import load_config
-    from opt_remat.runner import materialize
+    from opt_remat.runs import load_config
+    from opt_remat.runs import materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
     from solvers.registry import solve
 

@@ -73,8 +73,7 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
     """)
     # a peak budget halfway between the floor and save-all's peak: CP-SAT searches it for 40 s+
     # (found here, where torch is imported already, not in a process of its own)
-    from opt_remat.config import load_config
-    from opt_remat.runner import materialize
+    from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
     from solvers.registry import solve
 

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .results import Record
+
 MIP_SOLVERS = ("cpsat", "milp")
 
 
@@ -39,16 +41,16 @@ def _save_png(fig: Any, path: str | Path) -> Path:
     return path
 
 
-def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float]], path: str | Path, *,
+def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path: str | Path, *,
                 title: str = "saved memory vs recompute cost") -> Path:
     """Write a PNG of the run's plans; returns the path."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    points = [r for r in records if r.get("saved_bytes") is not None and r.get("recompute_cost") is not None]
-    all_bytes = [r["saved_bytes"] for r in points] + [p[0] for p in hull]
-    all_cost = [r["recompute_cost"] for r in points] + [p[1] for p in hull]
+    points = [r for r in records if r.saved_bytes is not None and r.recompute_cost is not None]
+    all_bytes = [r.saved_bytes for r in points] + [p[0] for p in hull]
+    all_cost = [r.recompute_cost for r in points] + [p[1] for p in hull]
     bunit, bscale = _unit(max(all_bytes, default=0))
     tunit, tscale = _time_unit(max(all_cost, default=0))
 
@@ -65,20 +67,20 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
     mip_markers = [("*", 15), ("P", 10), ("X", 9)]
     solvers: list[str] = []
     for r in points:
-        if r["solver"] not in solvers:
-            solvers.append(r["solver"])
+        if r.solver not in solvers:
+            solvers.append(r.solver)
     n_mip = 0
     for i, solver in enumerate(solvers):
-        pts = sorted((r for r in points if r["solver"] == solver), key=lambda r: (r["saved_bytes"], r["recompute_cost"]))
-        xs = [r["saved_bytes"] / bscale for r in pts]
-        ys = [r["recompute_cost"] / tscale for r in pts]
-        name = pts[0].get("solver_name", solver)
+        pts = sorted((r for r in points if r.solver == solver), key=lambda r: (r.saved_bytes, r.recompute_cost))
+        xs = [r.saved_bytes / bscale for r in pts]
+        ys = [r.recompute_cost / tscale for r in pts]
+        name = pts[0].solver_name or solver
         if name in MIP_SOLVERS:  # marked: filled when proven optimal, hollow otherwise
             marker, size = mip_markers[n_mip % len(mip_markers)]
             n_mip += 1
             line, = ax.plot(xs, ys, linewidth=1.0, alpha=0.8, zorder=3 + n_mip, marker=marker, markersize=size,
                             markerfacecolor="none", markeredgewidth=1.4, label=f"{solver} (MIP)")
-            opt = [(x, y) for r, x, y in zip(pts, xs, ys) if r.get("status") == "optimal"]
+            opt = [(x, y) for r, x, y in zip(pts, xs, ys) if r.status == "optimal"]
             if opt:
                 ax.plot([p[0] for p in opt], [p[1] for p in opt], linestyle="none", marker=marker,
                         markersize=size, color=line.get_color(), zorder=3 + n_mip)
@@ -86,11 +88,11 @@ def pareto_plot(records: Sequence[dict[str, Any]], hull: Sequence[Sequence[float
             ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=5, linewidth=1.2, zorder=2,
                     label=solver)
     for r in points:  # each plan labelled with its budget
-        ax.annotate(str(r.get("budget", "")), (r["saved_bytes"] / bscale, r["recompute_cost"] / tscale),
+        ax.annotate(r.budget, (r.saved_bytes / bscale, r.recompute_cost / tscale),
                     textcoords="offset points", xytext=(4, 3), fontsize=6, color="0.35")
-    failed = [r for r in points if r.get("verified") is False]
+    failed = [r for r in points if r.verified is False]
     if failed:  # a plan whose gradient check failed: circled in red
-        ax.plot([r["saved_bytes"] / bscale for r in failed], [r["recompute_cost"] / tscale for r in failed],
+        ax.plot([r.saved_bytes / bscale for r in failed], [r.recompute_cost / tscale for r in failed],
                 linestyle="none", marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=1.5, zorder=20, label="gradient check failed")
     if n_mip:

@@ -1,0 +1,185 @@
+"""What the typed models of ``runs.config`` cannot say, and how their errors read.
+
+``check`` runs after the document has its types: budgets parse, solvers and their options exist,
+the device profile, capture settings that contradict each other, the graph file, the factory and
+its inputs. ``first_error`` words pydantic's errors as the one-line ``FILE:LINE: FIELD: ...``
+messages of ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from solvers.budget import Fraction, parse_budget
+
+from ..options import describe, known_solvers, option_error, solver_parameters
+from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, SolverEntry
+
+_TAGS = {"graph", "factory", "mapping", "name", "value"}  # union tags that pydantic puts in locations
+_KINDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
+          "string_type": "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+          "model_attributes_type": "a mapping"}
+_TAG_KINDS = {"mapping": "a mapping", "name": "a string", "value": "a number or a string"}
+_HINTS = {
+    "model": ": expected model: {factory: 'module:callable', kwargs: {...}, inputs: [...]} or {graph: PATH}",
+    "budgets": ": expected a list of fractions (0.5) or bytes ('2MiB')",
+    "solvers": ": expected a list of solver names or {name: ..., options}",
+    "factory": ": expected 'module:callable' (e.g. opt_remat.models:gpt2) or graph: PATH",
+    "name": ": expected the solver's name",
+    "shape": ": expected a list of sizes, e.g. [2, 32]",
+    "peak_flops": ": expected FLOP/s, e.g. 9.9e14",
+    "bandwidth": ": expected bytes/s, e.g. 3.35e12",
+}
+
+
+# ---- pydantic's errors, worded ------------------------------------------------------------------
+def first_error(cfg: Config, exc: ValidationError) -> ConfigError:
+    """The error written first in the file (the deepest field on a line), in the words users read."""
+    def order(item: tuple[tuple, str]) -> tuple[int, int]:
+        where = cfg.where(item[0])
+        line = where.rsplit(":", 1)[1] if ":" in where else ""
+        return (int(line) if line.isdigit() else 0, -len(item[0]))
+
+    path, message = min((_message(_field_path(e["loc"]), e) for e in exc.errors()), key=order)
+    return cfg.error(path, message)
+
+
+def _field_path(loc: tuple) -> tuple:
+    # a union's tag follows the field holding the union (``model``, ``device``, a list item)
+    return tuple(p for i, p in enumerate(loc)
+                 if not (p in _TAGS and i > 0 and (loc[i - 1] in ("model", "device") or isinstance(loc[i - 1], int))))
+
+
+def _message(path: tuple, e: Any) -> tuple[tuple, str]:
+    """(field path, message) of one pydantic error."""
+    kind, ctx, got = e["type"], e.get("ctx") or {}, e.get("input")
+    if kind == "unknown_key":
+        return path + (ctx["key"],), e["msg"]
+    if kind == "missing":
+        return path[:-1], f"missing key {path[-1]!r}" + _HINTS.get(str(path[-1]), "")
+    if kind in _KINDS:
+        return path, f"expected {_KINDS[kind]}, got {describe(got)}"
+    if kind == "union_tag_invalid":  # neither of a union's kinds
+        kinds = [_TAG_KINDS.get(t, t) for t in re.findall(r"'([^']*)'", ctx.get("expected_tags", ""))]
+        return path, f"expected {' or '.join(sorted(kinds, reverse=True))}, got {describe(got)}"
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", ctx.get("expected", ""))
+        return path, f"expected one of {choices}, got {describe(got)}"
+    if kind in ("greater_than", "greater_than_equal"):
+        op, bound = (">", ctx.get("gt")) if kind == "greater_than" else (">=", ctx.get("ge"))
+        return path, f"expected a number {op} {bound:g}, got {got!r}"
+    if kind == "too_short":
+        return path, f"expected at least {ctx.get('min_length')} item(s), got none"
+    if kind == "string_too_short":
+        return path, "expected a non-empty string"
+    if kind == "value_error":
+        return path, str(ctx.get("error", e["msg"]))
+    return path, e["msg"]
+
+
+# ---- what types cannot say --------------------------------------------------------------------------
+def check(cfg: Config) -> None:
+    """Raise the first ConfigError of a typed configuration, naming its field and line."""
+    _check_budgets(cfg)
+    _check_solvers(cfg)
+    from ..costs import get_profile
+    try:
+        get_profile(cfg.device)
+    except (ValueError, TypeError) as exc:
+        raise cfg.error(("device",), str(exc)) from None
+    capture = cfg.data.get("capture", {})  # as written: an explicit key contradicts, a default does not
+    if capture.get("compiler") == "inductor" and capture.get("decompositions") == "none":
+        raise cfg.error(("capture", "decompositions"), "expected inductor (or no key) with compiler: inductor, "
+                                                       "which always applies its own decompositions")
+    if cfg.spec.capture.meta and cfg.data.get("verify", {}).get("gradients"):
+        raise cfg.error(("verify", "gradients"), "a meta capture has no real weights to run a step "
+                                                 "with: set verify.gradients: false or capture.meta: false")
+    if cfg.is_graph:
+        _check_graph(cfg)
+    else:
+        _check_factory(cfg)
+
+
+def _check_budgets(cfg: Config) -> None:
+    for i, entry in enumerate(cfg.spec.budgets):
+        parts = [(("budgets", i, "peak"), entry.peak), (("budgets", i, "saved"), entry.saved)] \
+            if isinstance(entry, PeakBudget) else [(("budgets", i), entry)]
+        for where, raw in parts:
+            if raw is None:
+                continue
+            try:
+                parsed = parse_budget(raw)
+            except ValueError as exc:
+                raise cfg.error(where, str(exc)) from None
+            if where[-1] == "peak" and isinstance(parsed, Fraction):
+                raise cfg.error(where, f"a peak budget is bytes (e.g. '700KiB' or 716800), not a "
+                                       f"fraction: got {raw}")
+            if isinstance(raw, int) and raw < 1024:
+                raise cfg.error(where, f"{raw} would be {raw} bytes: write a fraction as a float "
+                                       f"(e.g. {float(raw)}) or bytes with a unit (e.g. '{raw}MiB')")
+    labels = [b.label for b in cfg.budgets]
+    for i, lab in enumerate(labels):
+        if labels.index(lab) != i:
+            raise cfg.error(("budgets", i), f"budget {lab} is listed twice")
+
+
+def _check_solvers(cfg: Config) -> None:
+    names = known_solvers()
+    for i, entry in enumerate(cfg.spec.solvers):
+        name = entry if isinstance(entry, str) else entry.name
+        where = ("solvers", i) if isinstance(entry, str) else ("solvers", i, "name")
+        if name not in names:
+            raise cfg.error(where, f"unknown solver {name!r}; expected one of: {', '.join(names)}")
+        if isinstance(entry, SolverEntry):
+            params = solver_parameters(name)
+            for key, value in (entry.model_extra or {}).items():
+                if key not in params:
+                    raise cfg.error(("solvers", i, key), f"unknown option for solver {name!r}; "
+                                                         f"expected one of: {', '.join(params) or 'none'}")
+                why = option_error(name, key, value, params[key])
+                if why is not None:
+                    raise cfg.error(("solvers", i, key), why)
+    seen: dict[str, int] = {}
+    for spec in cfg.solvers:
+        if spec.label in seen:
+            raise cfg.error(("solvers", spec.index), f"solver {spec.label!r} is listed twice; give one "
+                                                     "of them a distinct 'label'")
+        seen[spec.label] = spec.index
+
+
+def _check_graph(cfg: Config) -> None:
+    gpath = cfg.graph_path
+    if not gpath.is_file():
+        raise cfg.error(("model", "graph"), f"graph file {str(gpath)!r} not found; expected a "
+                                            "Checkmate graph JSON (relative paths start at the config's folder)")
+    try:
+        importlib.import_module("solvers.checkmate")
+    except ImportError:
+        raise cfg.error(("model", "graph"), "loading Checkmate graphs needs solvers.checkmate, "
+                                            "which this install does not have") from None
+
+
+def _check_factory(cfg: Config) -> None:
+    cfg.factory()
+    model = cfg.spec.model
+    if model.inputs is None:  # type: ignore[union-attr]
+        module, _, name = model.factory.partition(":")  # type: ignore[union-attr]
+        if not (module == "opt_remat.models" and name in BUILTIN_FACTORIES):
+            raise cfg.error(("model",), "missing key 'inputs': expected a list of {shape, dtype, low, high} "
+                                        "(only the built-in factories have default inputs)")
+    for i, spec in enumerate(model.inputs or []):  # type: ignore[union-attr]
+        dtype = spec.dtype or cfg.dtype
+        low, high = spec.low, spec.high
+        if dtype in INT_DTYPES and dtype != "bool":
+            if high is None:
+                raise cfg.error(("model", "inputs", i), f"missing key 'high': an {dtype} input needs "
+                                                        "'high' (exclusive upper bound of random ints)")
+            if float(low or 0) >= float(high):
+                raise cfg.error(("model", "inputs", i, "high"), f"expected high > low ({low or 0}), got {high}")
+            for k, v in (("low", low), ("high", high)):
+                if v is not None and float(v) != int(v):
+                    raise cfg.error(("model", "inputs", i, k), f"expected an integer for an {dtype} input, got {v}")

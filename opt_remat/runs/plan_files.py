@@ -1,0 +1,100 @@
+"""Plan files of a run (``OUT/plans/``, ``opt-remat solve -o``): each plan with what ``opt-remat
+show`` prints about its values, and what the plans were made for. The format is ``solvers.plans_io``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from solvers import Plan, Problem
+
+from .config import Config
+from .util import jsonable, write_atomic
+from .workload import Workload
+
+
+def clean_module(path: str) -> str:
+    """dynamo's ``L['self'].layers[0].fc`` -> ``layers.0.fc``."""
+    m = re.sub(r"^L\['self'\]\.?", "", path or "")
+    m = re.sub(r"\['([^']*)'\]", r".\1", m)
+    m = re.sub(r"\[(\d+)\]", r".\1", m)
+    return m.lstrip(".")
+
+
+def short_op(op: str) -> str:
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else op
+
+
+def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per saved or recomputed value: its op, module, bytes and cost (what ``opt-remat show`` prints)."""
+    nodes = {}
+    for name in sorted(plan.saved | plan.recomputed, key=problem.index.__getitem__):
+        node = problem.by_name[name]
+        counted = problem.counts_memory(node.storage_id)
+        nodes[name] = {"op": node.op, "module": clean_module(node.module), "role": node.role.value,
+                       "bytes": node.bytes, "storage": node.storage_id,
+                       "storage_bytes": problem.storage_size[node.storage_id] if counted else 0,
+                       "cost": problem.recompute_cost_of(name)}
+    return nodes
+
+
+def plan_entry(work: Workload, plan: Plan, **extra: Any) -> dict[str, Any]:
+    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints."""
+    from solvers.liveness import simulate_plan
+    from solvers.plans_io import graph_entry
+
+    entry = graph_entry(work.problem, plan, work.values, work.graph_id)
+    curve = simulate_plan(work.problem, plan.saved)
+    entry["peak_bytes"] = curve.peak
+    entry["peak_gradient_bytes"] = curve.peak_gradients
+    entry["nodes"] = node_details(work.problem, plan)
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
+    """What a plan file's plans were made for: model, inputs, capture settings, device profile."""
+    desc = _model_desc(cfg)
+    inputs = [f"{str(i.dtype).removeprefix('torch.')}{list(i.shape)}" for i in work.inputs
+              if hasattr(i, "shape")]
+    profile = work.profile
+    out = {"config": str(cfg.path.resolve()), "model": desc,
+           "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
+    if not cfg.is_graph:
+        out.update({"dtype": cfg.dtype, "inputs": inputs,
+                    "capture": {"compiler": cfg.compiler, "decompositions": cfg.decompositions if cfg.compiler == "eager"
+                                else "inductor", "meta": cfg.meta}})
+    return out
+
+
+def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan], **extra: Any) -> None:
+    """A plan file holding one plan per captured graph (``extra`` goes into each entry)."""
+    from solvers.plans_io import plan_document
+
+    from ..plans import versions
+
+    entries = [plan_entry(w, p, **extra) for w, p in zip(works, plans)]
+    doc = plan_document(entries, {**made_for(cfg, works[0]), "apply": apply_hint(cfg, path),
+                                  "versions": versions()})
+    write_atomic(path, json.dumps(jsonable(doc), indent=1) + "\n")
+
+
+def _model_desc(cfg: Config) -> dict[str, Any]:
+    if cfg.is_graph:
+        return {"graph": str(cfg.graph_path)}
+    model = cfg.spec.model
+    inputs = None if model.inputs is None else [i.model_dump(exclude_unset=True) for i in model.inputs]
+    return {"factory": model.factory, "kwargs": dict(model.kwargs), "inputs": inputs,
+            "compiler": cfg.compiler, "decompositions": cfg.decompositions, "dtype": cfg.dtype}
+
+
+def apply_hint(cfg: Config, plan_path: str | Path) -> str | None:
+    """The line that applies a saved plan in training."""
+    if cfg.is_graph:
+        return None
+    extra = f', decompositions="{cfg.decompositions}"' if cfg.compiler == "eager" else ""
+    return (f'torch.compile(model, backend=opt_remat.backend(plan="{plan_path}", '
+            f'compiler="{cfg.compiler}"{extra}))')

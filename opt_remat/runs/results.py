@@ -1,0 +1,190 @@
+"""A run's results: one typed ``Record`` per (budget, solver) pair, and the files that hold them.
+
+``results.json`` holds the run (its configuration as run, a fingerprint of the graph and device,
+the problem's size, the min-cut hull) and its records; ``results.csv`` the records as rows. Both
+are rewritten atomically after every pair, so an interrupted run keeps what it finished and a
+rerun resumes: it keeps a record whose pair, budget bytes, solver and options are unchanged.
+
+Format 2 leaves a record's empty fields out (format 1 wrote them as null); both are read.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import BudgetSpec, Config, SolverSpec
+from .util import jsonable, write_atomic
+
+RESULTS_FORMAT = 2
+READABLE_FORMATS = (1, 2)
+CSV_FIELDS = [
+    "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
+    "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
+    "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
+]
+
+
+@dataclass
+class Record:
+    """One (budget, solver) pair: the plan's figures and checks, or why there is no plan."""
+    budget: str  # the budget's label, as the config writes it
+    solver: str  # the solver's label
+    solver_name: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    budget_raw: Any = None  # as written: a fraction, bytes, or a peak budget's mapping
+    budget_bytes: int | None = None  # saved bytes the budget allows
+    peak_budget: int | None = None  # bytes of the step's peak the budget allows
+    status: str = "error"  # optimal, feasible, infeasible, skipped, error (, a solver's own)
+    error: str | None = None
+    min_feasible_bytes: int | None = None  # for an infeasible saved-bytes budget
+    min_peak_bytes: int | None = None  # for an infeasible peak budget
+    solve_time_s: float | None = None
+    # the plan
+    saved_bytes: int | None = None
+    recompute_cost: float | None = None
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    n_saved: int | None = None
+    n_recomputed: int | None = None
+    peak_bytes: int | None = None  # the whole step's simulated peak ...
+    peak_gradient_bytes: int | None = None  # ... and how much of it is gradients
+    message: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
+    warnings: list[str] = field(default_factory=list)
+    plan_file: str | None = None  # relative to the output folder
+    # its checks
+    measured_saved_bytes: int | None = None  # what the lowered forward hands to the backward
+    verified: bool | None = None  # gradients equal save-all's (None: not checked)
+    bitwise: bool | None = None
+    max_rel_error: float | None = None
+    loss: float | None = None
+    loss_reference: float | None = None
+    verify_note: str = ""
+    verify_s: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.budget, self.solver)
+
+    @property
+    def done(self) -> bool:
+        """Whether a rerun keeps it (errors and skipped pairs are tried again)."""
+        return self.status not in ("error", "skipped")
+
+    @property
+    def note(self) -> str:
+        """Why there is no plan, or what its checks noticed."""
+        if self.status in ("error", "skipped", "infeasible"):
+            return str(self.error or self.status)
+        return self.verify_note
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as results.json holds it: empty fields left out."""
+        return {k: jsonable(v) for k, v in dataclasses.asdict(self).items() if v not in (None, "", [], {})}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Record":
+        """A record of results.json (format 1 or 2); keys it does not know are dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and v is not None}
+        values["budget"], values["solver"] = str(data["budget"]), str(data["solver"])
+        return cls(**values)
+
+
+def options_key(options: dict[str, Any]) -> str:
+    return json.dumps(jsonable(options), sort_keys=True)
+
+
+def fingerprint(cfg: Config, graph_hash: str, nodes: int, profile: Any) -> dict[str, Any]:
+    """What results depend on besides the pair: a rerun resumes only when these agree."""
+    return {"graph_hash": graph_hash, "graph_nodes": nodes,
+            "compiler": None if cfg.is_graph else cfg.compiler,
+            "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
+
+
+@dataclass
+class ResultsFile:
+    """What a results.json holds, read back."""
+    name: str | None
+    format: int
+    fingerprint: dict[str, Any]
+    records: list[Record]
+
+
+def read_results(path: Path) -> ResultsFile | None:
+    """The results of ``path`` (a results.json), or None when there are none to read."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        return None
+    fmt = data.get("format", 1)
+    if fmt not in READABLE_FORMATS:
+        return None
+    return ResultsFile(data.get("name"), fmt, data.get("fingerprint") or {},
+                       [Record.from_json(r) for r in data["results"]])
+
+
+class ResultsStore:
+    """The results files of one output folder: what a rerun keeps, and the writes after each pair."""
+
+    def __init__(self, cfg: Config, fingerprint: dict[str, Any], run_info: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.dir = cfg.output_dir
+        self.path = self.dir / "results.json"
+        if self.dir.exists() and not self.dir.is_dir():
+            raise cfg.error(("output", "dir"), f"{self.dir} exists and is not a folder")
+        previous = read_results(self.path)
+        if previous is not None and previous.fingerprint != fingerprint:
+            raise cfg.error(("output", "dir"), f"{self.dir} holds results for another graph or device "
+                                               f"(graph {previous.fingerprint.get('graph_hash')}, this one "
+                                               f"{fingerprint['graph_hash']}); choose another output.dir or "
+                                               "remove that folder")
+        self.previous = {r.key: r for r in previous.records} if previous else {}
+        self.header = {"format": RESULTS_FORMAT, "name": cfg.name, "config_file": str(cfg.path.resolve()),
+                       "config": jsonable(cfg.resolved_dict()), "fingerprint": fingerprint, **run_info}
+        self.order = {(b.label, s.label): (b.index, s.index) for b in cfg.budgets for s in cfg.solvers}
+
+    def reusable(self, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None) -> Record | None:
+        """The previous run's record of this pair, if it still holds."""
+        rec = self.previous.get((b.label, s.label))
+        if (rec is not None and rec.done and rec.budget_bytes == budget_bytes and rec.solver_name == s.name
+                and options_key(rec.options) == options_key(s.options)):
+            return rec
+        return None
+
+    def open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "plans").mkdir(exist_ok=True)
+        for stale in list(self.dir.glob(".*.tmp")) + list((self.dir / "plans").glob(".*.tmp")):
+            stale.unlink(missing_ok=True)  # left by a run killed mid-write
+
+    def write(self, records: Sequence[Record]) -> list[Record]:
+        """Write the records (in the config's order; pairs no longer in the config stay at the end)."""
+        ordered = sorted(records, key=lambda r: self.order.get(r.key, (1 << 30, 0)))
+        kept = [r for k, r in self.previous.items() if k not in self.order]
+        doc = dict(self.header, results=[r.to_json() for r in ordered + kept])
+        write_atomic(self.path, json.dumps(doc, indent=1) + "\n")
+        if "csv" in self.cfg.formats:
+            write_atomic(self.dir / "results.csv", csv_text(ordered + kept))
+        return ordered
+
+
+def csv_text(records: Sequence[Record]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for rec in records:
+        row = rec.to_json()
+        row["options"] = json.dumps(jsonable(rec.options), sort_keys=True)
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
+    return buf.getvalue()

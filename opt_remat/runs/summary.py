@@ -1,0 +1,220 @@
+"""What a run says about its records: the progress line of each pair, the summary table, the
+comparison of two runs, the min-cut hull and the live-memory curves, and the report files
+(``summary.txt``, ``pareto.png``, ``memory.png``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+from solvers import Plan, Problem
+from solvers.budget import format_bytes
+
+from .config import TORCH_SOLVER, Config
+from .results import Record
+from .util import write_atomic
+from .workload import Workload
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(s) >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def verified_text(rec: Record, *, notes: bool = True) -> str:
+    if rec.verified is None:
+        return "-"
+    if rec.verified:
+        text = "bitwise" if rec.bitwise else f"ok ({rec.max_rel_error or 0:.1e})"
+    else:
+        err = rec.max_rel_error
+        text = "FAIL" + (f" ({err:.1e})" if isinstance(err, float) else "")
+    return text + (f": {rec.verify_note}" if notes and rec.verify_note else "")
+
+
+def budget_bytes_text(rec: Record) -> str:
+    saved = format_bytes(rec.budget_bytes) if rec.budget_bytes is not None else ""
+    if rec.peak_budget is None:
+        return saved or "-"
+    return f"peak {format_bytes(rec.peak_budget)}" + (f", saved {saved}" if saved else "")
+
+
+def progress_line(i: int, n: int, rec: Record) -> str:
+    """``[i/n] budget B (bytes) SOLVER: status, saved ..., ...``: one finished pair."""
+    head = f"[{i}/{n}] budget {rec.budget} ({budget_bytes_text(rec)}) {rec.solver}:"
+    if rec.saved_bytes is None:
+        return f"{head} {rec.status}: {rec.error or ''}"
+    parts = [rec.status, f"saved {format_bytes(rec.saved_bytes)}", f"step peak {format_bytes(rec.peak_bytes)}",
+             f"recompute {format_seconds(rec.recompute_cost)}", f"solved in {format_seconds(rec.solve_time_s)}"]
+    if rec.gap is not None:
+        parts.append(f"gap {rec.gap:.2%}")
+    if rec.measured_saved_bytes is not None:
+        parts.append(f"measured {format_bytes(rec.measured_saved_bytes)}")
+    if rec.verified is not None:
+        parts.append(f"grads {verified_text(rec)}")
+    return f"{head} " + ", ".join(parts)
+
+
+def summary_table(records: Sequence[Record]) -> str:
+    """One row per pair, the budget written once per group; notes (errors, checks) below."""
+    from ..report import table
+    rows = []
+    last = None
+    for rec in records:
+        first = rec.budget != last
+        last = rec.budget
+        measured = rec.measured_saved_bytes
+        rows.append({
+            "budget": rec.budget if first else "",
+            "bytes": budget_bytes_text(rec) if first else "",
+            "solver": rec.solver,
+            "status": rec.status,
+            "saved": format_bytes(rec.saved_bytes),
+            "measured": "-" if measured is None else (
+                format_bytes(measured) + ("" if measured == rec.saved_bytes else " (!)")),
+            "step peak": format_bytes(rec.peak_bytes),
+            "of it grads": format_bytes(rec.peak_gradient_bytes),
+            "recompute": format_seconds(rec.recompute_cost),
+            "solve": format_seconds(rec.solve_time_s),
+            "gap": "-" if rec.gap is None else f"{rec.gap:.2%}",
+            "verified": verified_text(rec, notes=False) + (" *" if rec.note else ""),
+        })
+    if not rows:
+        return "(no results)"
+    notes = [f"  * budget {r.budget} {r.solver}: {r.note}" for r in records if r.note]
+    return table(rows, list(rows[0])) + ("\n" + "\n".join(notes) if notes else "")
+
+
+def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b: str) -> str:
+    """Two runs' records side by side, pair by pair, with relative changes."""
+    from ..report import table
+    ra, rb = {r.key: r for r in a}, {r.key: r for r in b}
+    rows = []
+    for key in list(ra) + [k for k in rb if k not in ra]:
+        x, y = ra.get(key), rb.get(key)
+
+        def delta(field: str) -> str:
+            u, v = getattr(x, field, None), getattr(y, field, None)
+            if not isinstance(u, (int, float)) or not isinstance(v, (int, float)):
+                return "-"
+            if u == v:
+                return "="
+            return f"{(v - u) / abs(u):+.1%}" if u else "new"
+
+        rows.append({
+            "budget": key[0], "solver": key[1],
+            f"saved {name_a}": format_bytes(x.saved_bytes) if x else "(none)",
+            f"saved {name_b}": format_bytes(y.saved_bytes) if y else "(none)",
+            "saved d": delta("saved_bytes"),
+            f"recompute {name_a}": format_seconds(x.recompute_cost if x else None),
+            f"recompute {name_b}": format_seconds(y.recompute_cost if y else None),
+            "recompute d": delta("recompute_cost"),
+            f"solve {name_a}": format_seconds(x.solve_time_s if x else None),
+            f"solve {name_b}": format_seconds(y.solve_time_s if y else None),
+            f"status {name_a}/{name_b}": f"{x.status if x else '-'}/{y.status if y else '-'}",
+            f"verified {name_a}/{name_b}": f"{verified_text(x) if x else '-'}/{verified_text(y) if y else '-'}",
+        })
+    return table(rows, list(rows[0])) if rows else "(no results)"
+
+
+def mincut_hull(problem: Problem, max_cuts: int = 48) -> list[tuple[int, float]]:
+    """The (saved bytes, recompute cost) points of the parametric min-cut: every plan that is
+    optimal for ``saved + lam * cost`` for some ``lam``, found by bisecting on the breakpoints."""
+    from solvers.mincut import cut_objective, lam_range, solve_mincut
+
+    lo, hi = lam_range(problem)
+    cuts = 0
+
+    def cut(lam: float) -> Plan:
+        nonlocal cuts
+        cuts += 1
+        return solve_mincut(problem, lam)
+
+    try:
+        a, b = cut(lo), cut(hi)
+    except Exception:
+        return []
+    found = {(a.saved_bytes, a.recompute_cost), (b.saved_bytes, b.recompute_cost)}
+    stack = [(a, b)]
+    while stack and cuts < max_cuts:
+        pa, pb = stack.pop()
+        dc = pa.recompute_cost - pb.recompute_cost
+        if dc <= 1e-15 * max(1.0, abs(pa.recompute_cost)):
+            continue
+        wa, wb = cut_objective(problem, pa, 0.0), cut_objective(problem, pb, 0.0)
+        lam = (wb - wa) / dc
+        if not (lam > 0 and math.isfinite(lam)):
+            continue
+        pm = cut(lam)
+        if cut_objective(problem, pm, lam) >= wa + lam * pa.recompute_cost - 1e-9 * max(1.0, abs(wa)):
+            continue  # pa and pb are adjacent vertices of the hull
+        found.add((pm.saved_bytes, pm.recompute_cost))
+        stack += [(pa, pm), (pm, pb)]
+    return sorted(found)
+
+
+def memory_curves(problem: Problem, records: Sequence[Record], out_dir: Path,
+                  forward_ends: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, list[int]]]:
+    """Per budget, per solver: the simulated live bytes at every step of the training step (plans
+    read back from their files, so resumed results are plotted too). ``forward_ends`` (if given)
+    gets each curve's number of forward steps."""
+    from solvers.liveness import simulate_plan
+    from solvers.plans_io import read_plan_file
+
+    curves: dict[str, dict[str, list[int]]] = {}
+    for rec in records:
+        if not rec.plan_file or rec.saved_bytes is None:
+            continue
+        try:
+            saved = read_plan_file(out_dir / rec.plan_file)["graphs"][0]["saved"]
+        except (OSError, ValueError):
+            continue  # a plan file removed by hand: its curve is left out
+        curve = simulate_plan(problem, saved)
+        curves.setdefault(rec.budget, {})[rec.solver] = [b for _, _, b in curve.steps]
+        if forward_ends is not None:
+            forward_ends.setdefault(rec.budget, {})[rec.solver] = sum(
+                1 for phase, _, _ in curve.steps if phase == "forward")
+    return curves
+
+
+def write_reports(cfg: Config, work: Workload, records: Sequence[Record], hull: Sequence[tuple[int, float]]) -> str:
+    """The plots and summary.txt the config asks for; returns the summary table."""
+    out_dir = cfg.output_dir
+    if "plot" in cfg.formats:
+        from .plots import memory_plot, pareto_plot
+        pareto_plot(records, hull, out_dir / "pareto.png", title=f"{cfg.title}: saved memory vs recompute")
+        forward_ends: dict[str, dict[str, int]] = {}
+        memory_plot(memory_curves(work.problem, records, out_dir, forward_ends), out_dir / "memory.png",
+                    title=f"{cfg.title}: live memory during the step (simulated)", forward_ends=forward_ends)
+    table = summary_table(records)
+    if cfg.spec.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
+        table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
+    if "table" in cfg.formats:
+        title = f"{cfg.title}\n\n" if cfg.spec.output.title else ""
+        write_atomic(out_dir / "summary.txt", title + table + "\n")
+    return table
+
+
+def failed_verification(records: Sequence[Record]) -> int:
+    """Plans whose gradient check failed; the torch baseline is measured, not trusted: its failures
+    are reported, not a failed run."""
+    return sum(1 for r in records if r.verified is False and r.solver_name != TORCH_SOLVER)
+
+
+def _cost_comparison(work: Workload) -> str:
+    """The measured costs of a ``costs: profile`` run beside the roofline estimate, per op kind."""
+    from ..build import build_problem
+    from ..report import cost_table
+
+    prepared = work.prepared
+    roofline = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
+                             static_lifetime_input_indices=prepared.static_lifetime_input_indices,
+                             device=work.profile)
+    return cost_table(roofline, work.problem)

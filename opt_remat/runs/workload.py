@@ -1,0 +1,214 @@
+"""The workload of a run, made once: the model built from its factory, its inputs, the training step
+captured by torch.compile's own path (Dynamo, then AOTAutograd with the configured decompositions)
+and the problem built from its joint graph. The graph solved here is the graph
+``opt_remat.backend(plan=...)`` later sees, so the plans written from it apply in training.
+A published graph file (``model: {graph: PATH}``) is a workload without a torch model.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from solvers import Problem
+from solvers.plans_io import graph_hash, values_of_problem
+
+from .config import FLOAT_DTYPES, BudgetSpec, Config
+from .util import first_line, quiet_torch
+
+
+@dataclass
+class Workload:
+    """What one run solves: the problem, and for torch models the captured graph to verify with."""
+    problem: Problem
+    graph_hash: str
+    profile: Any
+    model: Any = None  # torch.nn.Module
+    inputs: tuple = ()
+    loss_fn: Callable[[Any], Any] | None = None
+    prepared: Any = None  # JointGraph with the prepared (DCE/CSE'd) joint module
+    top_anchor_bytes: int | None = None
+    capture_s: float = 0.0
+    reference: Any = None  # the save-all training step, computed on first use
+    values: list[dict[str, Any]] = field(default_factory=list)  # canonical values (plan files)
+    graph_id: str = ""  # canonical id of the graph: what a plan file is matched by
+    notes: list[str] = field(default_factory=list)
+
+    def budget_bytes(self, spec: BudgetSpec) -> int | None:
+        from ..solve import resolve_budget
+        anchor = None if self.top_anchor_bytes is None else (lambda: self.top_anchor_bytes)
+        return resolve_budget(self.problem, spec.saved_raw, top_anchor=anchor)
+
+
+def make_loss(kind: str) -> Callable[[Any], Any]:
+    import torch
+
+    def loss(out: Any) -> Any:
+        leaves = [o for o in torch.utils._pytree.tree_leaves(out)
+                  if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        if not leaves:
+            raise ValueError("the model returns no floating-point tensor to take a loss of")
+        return sum((o.float().sum() if kind == "sum" else o.float().mean()) for o in leaves)
+
+    loss.__name__ = f"loss_{kind}"
+    return loss
+
+
+def make_inputs(cfg: Config, model: Any) -> tuple:
+    import torch
+    from .. import models
+
+    specs = cfg.spec.model.inputs  # type: ignore[union-attr]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if specs is None:
+        torch.manual_seed(cfg.seed)
+        name = cfg.spec.model.factory.partition(":")[2]  # type: ignore[union-attr]
+        try:
+            inputs = models.example_inputs(name, model)
+        except ValueError as exc:
+            raise cfg.error(("model",), f"missing key 'inputs' ({exc})") from None
+        return tuple(i.to(getattr(torch, cfg.dtype)) if i.is_floating_point() else i for i in inputs)
+    out = []
+    for spec in specs:
+        dtype_name = spec.dtype or cfg.dtype
+        dtype = getattr(torch, dtype_name)
+        shape = tuple(spec.shape)
+        low, high = spec.low, spec.high
+        if dtype_name in FLOAT_DTYPES:
+            if low is not None or high is not None:
+                lo, hi = float(low if low is not None else 0.0), float(high if high is not None else 1.0)
+                t = torch.rand(shape, generator=gen) * (hi - lo) + lo
+            else:
+                t = torch.randn(shape, generator=gen)
+            out.append(t.to(dtype))
+        elif dtype_name == "bool":
+            out.append(torch.randint(0, 2, shape, generator=gen).bool())
+        else:
+            out.append(torch.randint(int(low or 0), int(high), shape, generator=gen, dtype=dtype))
+    return tuple(out)
+
+
+def materialize(cfg: Config) -> Workload:
+    """The one graph of the configured step (``opt-remat run`` solves a single graph)."""
+    works = materialize_all(cfg)
+    if len(works) != 1:
+        raise cfg.error(("model", "factory"), f"the training step compiled to {len(works)} joint graphs "
+                                              "(graph breaks); opt-remat run needs exactly one (opt-remat "
+                                              "solve writes a plan per graph)")
+    return works[0]
+
+
+def materialize_all(cfg: Config) -> list[Workload]:
+    """Build the model and inputs, check they fit, capture the training step (one graph per compiled
+    region) and build each problem. Every failure that the configuration can fix is a ConfigError
+    naming the field."""
+    from ..costs import get_profile
+
+    profile = get_profile(cfg.device)
+    if cfg.is_graph:
+        import importlib
+        checkmate = importlib.import_module("solvers.checkmate")
+        try:
+            problem = checkmate.load_graph(cfg.graph_path)
+        except Exception as exc:
+            raise cfg.error(("model", "graph"), f"cannot load the graph: {first_line(exc)}") from None
+        return [Workload(problem, graph_hash(problem), profile, values=values_of_problem(problem),
+                         graph_id=graph_hash(problem))]
+
+    import torch
+
+    from ..canonical import canonical_values, graph_id
+    from ..capture import capture_graphs
+
+    factory = cfg.factory()
+    kwargs = dict(cfg.spec.model.kwargs)  # type: ignore[union-attr]
+    torch.manual_seed(cfg.seed)
+    loss_fn = make_loss(cfg.spec.model.loss)  # type: ignore[union-attr]
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.meta:
+        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
+            shell = _build_model(cfg, factory, kwargs)
+        model, inputs = None, make_inputs(cfg, shell)
+        what, where = "tracing the training step with fake tensors", ("model", "inputs")
+        source: Any = lambda: factory(**kwargs).train()  # noqa: E731
+    else:
+        model = _build_model(cfg, factory, kwargs).to(dtype).train()
+        inputs = make_inputs(cfg, model)
+        _dry_run(cfg, model, inputs, loss_fn)
+        what, where, source = "capturing the training step with torch.compile", ("model", "factory"), model
+    start = time.perf_counter()
+    with quiet_torch():
+        try:
+            graphs = capture_graphs(source, inputs, compiler=cfg.compiler, decompositions=cfg.decompositions,
+                                    meta=cfg.meta, dtype=dtype if cfg.meta else None, seed=cfg.seed)
+        except Exception as exc:
+            raise cfg.error(where, f"{what} failed{' (do the inputs fit the model?)' if cfg.meta else ''}: "
+                                   f"{first_line(exc)}") from None
+        if not graphs:
+            raise cfg.error(("model", "factory"), "torch.compile produced no joint graph: nothing of the "
+                                                  "step needs a backward")
+        works = []
+        for joint in graphs:
+            prepared, problem, top = _problem_of(joint, profile, cfg.spec.costs)
+            works.append(Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs,
+                                  loss_fn=loss_fn, prepared=prepared, top_anchor_bytes=top,
+                                  values=canonical_values(prepared.module, prepared.input_roles),
+                                  graph_id=""))
+            works[-1].graph_id = graph_id(prepared.module, works[-1].values)
+    capture_s = time.perf_counter() - start
+    for w in works:
+        w.capture_s = capture_s
+    return works
+
+
+def _dry_run(cfg: Config, model: Any, inputs: tuple, loss_fn: Callable[[Any], Any]) -> None:
+    """Do the inputs fit the model, and is there a backward? A ConfigError naming the field if not."""
+    import torch
+
+    with quiet_torch():
+        try:
+            with torch.no_grad():
+                out = copy.deepcopy(model)(*inputs)
+        except Exception as exc:
+            shapes = ", ".join(f"{list(i.shape)} {str(i.dtype).replace('torch.', '')}" for i in inputs)
+            raise cfg.error(("model", "inputs"), f"inputs ({shapes}) do not fit the model: "
+                                                 f"{first_line(exc)}") from None
+        try:
+            loss_fn(out)
+        except Exception as exc:
+            raise cfg.error(("model", "loss"), f"cannot take the loss of the model's output: {exc}") from None
+    if not any(p.requires_grad for p in model.parameters()) and not any(
+            i.requires_grad for i in inputs if isinstance(i, torch.Tensor)):
+        raise cfg.error(("model", "factory"), "the model has no parameters that require grad: "
+                                              "there is no backward to partition")
+
+
+def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """The factory's module, or a ConfigError naming the field to fix."""
+    import torch
+
+    try:
+        model = factory(**kwargs)
+    except TypeError as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory does not take these arguments ({exc})") from None
+    except Exception as exc:
+        raise cfg.error(("model", "kwargs"), f"the factory failed: {first_line(exc)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
+                                              f"{type(model).__name__}")
+    return model
+
+
+def _problem_of(joint: Any, profile: Any, costs: str = "roofline") -> tuple[Any, Problem, int]:
+    """The prepared joint graph, its problem, and the saved bytes of torch's default min-cut on it
+    (the top anchor of fractional budgets)."""
+    from ..build import classify, problem_from_joint
+    from ..torch_reference import torch_runtime_optimized_saved
+
+    prepared, problem = problem_from_joint(joint, device=profile, costs=costs)
+    anchor = prepared.copy()  # torch's partitioner annotates the graph it is given
+    anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
+    top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
+    return prepared, problem, top

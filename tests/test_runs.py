@@ -1,0 +1,80 @@
+"""The runs layer's own pieces: a config key declared once (output.title), results of format 1
+read back, and the progress display in its three modes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+from opt_remat.runs import load_config, read_results
+from opt_remat.runs.progress import Display, terminal_mode
+from solvers import progress
+
+CONFIG = """\
+model: {factory: opt_remat.models:mlp, kwargs: {d_in: 8, hidden: 16, layers: 1}, inputs: [{shape: [2, 8]}]}
+budgets: [0.5]
+solvers: [mincut]
+"""
+
+
+def test_output_title_is_one_declared_key(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(CONFIG)
+    cfg = load_config(path)
+    assert cfg.title == "t" and cfg.spec.output.title is None  # default: the run's name
+    cfg = load_config(path, ["output.title=MLP, one layer"])
+    assert cfg.title == "MLP, one layer"
+
+
+def test_results_of_format_1_are_read(tmp_path):
+    old = {"format": 1, "name": "x", "fingerprint": {"graph_hash": "abc"},
+           "results": [{"budget": "0.5", "solver": "mincut", "solver_name": "mincut", "options": {},
+                        "status": "optimal", "saved_bytes": 1024, "error": None, "verified": None,
+                        "verify_note": None, "traceback": "dropped"}]}
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    res = read_results(tmp_path / "results.json")
+    assert res is not None and res.format == 1 and res.fingerprint["graph_hash"] == "abc"
+    rec = res.records[0]
+    assert rec.key == ("0.5", "mincut") and rec.done and rec.saved_bytes == 1024 and rec.verify_note == ""
+    out = rec.to_json()  # format 2: empty fields left out
+    assert "error" not in out and "verified" not in out and out["saved_bytes"] == 1024
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_display_modes(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    assert terminal_mode(io.StringIO()) == "lines" and terminal_mode(_Tty()) == "live"
+    for mode, stream in (("off", io.StringIO()), ("lines", io.StringIO()), ("live", _Tty())):
+        with Display(mode, stream) as d:
+            d.message("hello")
+            d.start(2)
+            d.doing("solving 0.5 cpsat")
+            with progress.reporting(d.search):
+                progress.report(2e-6, 1e-6)
+            d.finished("[1/2] done")
+        text = stream.getvalue()
+        if mode == "off":
+            assert text == ""
+        else:
+            assert "hello" in text and "[1/2] done" in text
+        assert ("pairs |" in text) == (mode == "live")  # the bar: live only
+
+
+def test_progress_reports_only_to_a_listener_in_its_own_process():
+    seen: list = []
+    progress.report(1.0, 0.5)  # no listener: nothing happens
+    with progress.reporting(seen.append):
+        assert progress.listening()
+        progress.report(2.0, 1.0)
+        if os.fork() == 0:  # a forked worker inherits the listener but must not report
+            progress.report(3.0, 1.0)
+            os._exit(0 if not progress.listening() else 1)
+        _, status = os.wait()
+        assert status == 0
+    assert not progress.listening()
+    assert [(p.incumbent, p.bound, p.gap) for p in seen] == [(2.0, 1.0, 0.5)]
