@@ -157,19 +157,13 @@ class _Result:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
-               *, time_limit_s: float, threads: int, seed: int, presolve: bool = False,
-               proven: Callable[[float, float], bool] | None = None,
-               extend: Callable[[Any, list[Any]], None] | None = None,
-               report_as: Callable[[float], float] | None = None) -> _Result:
-    """Solve with CP-SAT. Once ``proven(incumbent, bound)`` holds (objective values as floats;
-    e.g. the part of the objective that matters is proven optimal), the search gets a grace period
-    of a fifth of the time it took to get there (at least 1 s) and is then stopped. With
-    ``report_as`` (an objective value -> the true cost), a listener of ``solvers.progress`` hears of the
-    incumbent and bound."""
+def cpsat_program(model: Model, objective: dict[int, int | float], budget: int | None,
+                  extend: Callable[[Any, list[Any]], None] | None = None) -> tuple[Any, list[Any]]:
+    """The program as a CP-SAT model over booleans ``x`` (indices of the program's variables), its
+    objective set; ``extend(m, x)`` adds further conditions (the peak relaxation). Float objective
+    weights are for ``solvers.highs_cpsat``, which solves the same model with HiGHS."""
     from ortools.sat.python import cp_model
 
-    t0 = time.perf_counter()
     m = cp_model.CpModel()
     x = [m.new_bool_var("") for _ in range(model.num_vars)]
     for i, lb in enumerate(model.lower):
@@ -192,6 +186,24 @@ def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint
         extend(m, x)
     keys = list(objective)
     m.minimize(cp_model.LinearExpr.weighted_sum([x[i] for i in keys], [objective[i] for i in keys]))
+    return m, x
+
+
+def _run_cpsat(model: Model, objective: dict[int, int], budget: int | None, hint: list[int] | None,
+               *, time_limit_s: float, threads: int, seed: int, presolve: bool = False,
+               proven: Callable[[float, float], bool] | None = None,
+               extend: Callable[[Any, list[Any]], None] | None = None,
+               report_as: Callable[[float], float] | None = None) -> _Result:
+    """Solve with CP-SAT. Once ``proven(incumbent, bound)`` holds (objective values as floats;
+    e.g. the part of the objective that matters is proven optimal), the search gets a grace period
+    of a fifth of the time it took to get there (at least 1 s) and is then stopped. With
+    ``report_as`` (an objective value -> the true cost), a listener of ``solvers.progress`` hears of the
+    incumbent and bound."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    m, x = cpsat_program(model, objective, budget, extend)
+    keys = list(objective)
     if hint is not None:
         for xi, h in zip(x, hint):
             m.add_hint(xi, h)
