@@ -21,6 +21,8 @@ from typing import Iterable
 
 from .problem import Problem, Role
 
+_DEBUG_GAINS = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
+
 
 # how many first moves the two-move escape from a local minimum of the peak tries
 ESCAPE_WIDTH = 6
@@ -157,13 +159,17 @@ class _Judge:
     """Closes saved sets into plans and simulates them, once per distinct kept saved set."""
 
     def __init__(self, problem: Problem, peak_budget: int, budget: int | None,
-                 deadline: float, max_evaluations: int) -> None:
+                 deadline: float, max_evaluations: int, stall_s: float | None = None) -> None:
         self.problem = problem
         self.peak_budget = peak_budget
         self.budget = budget
         self.deadline = deadline
         self.max_evaluations = max_evaluations
         self.evaluations = 0
+        # stop early once no state has beaten the best (over, cost) for stall_s seconds
+        self.stall_s = stall_s
+        self.best_seen = (float("inf"), float("inf"))
+        self.last_gain = time.perf_counter()
         self.peaks: dict[frozenset[str], tuple[int, frozenset[str]]] = {}
         self.simulator = _Simulator(problem)
         # the closure runs for every move considered: integer ids and flat lists keep it cheap
@@ -176,7 +182,9 @@ class _Judge:
         self.reads = [self.id[r] for r in sorted(problem.backward_reads, key=problem.index.__getitem__)]
 
     def out_of_time(self) -> bool:
-        return self.evaluations >= self.max_evaluations or time.perf_counter() >= self.deadline
+        now = time.perf_counter()
+        return (self.evaluations >= self.max_evaluations or now >= self.deadline
+                or self.stall_s is not None and now - self.last_gain > self.stall_s)
 
     def close(self, saved: Iterable[str]) -> tuple[frozenset[str], frozenset[str], float] | None:
         """(kept saved, recomputed, cost), or None when the saved set leaves the backward stuck
@@ -208,7 +216,13 @@ class _Judge:
         if known is None:
             known = self.peaks[kept] = self.simulator.peak(kept)
             self.evaluations += 1
-        return SearchState(kept, recomputed, cost, self.problem.saved_bytes(kept), *known)
+        st = SearchState(kept, recomputed, cost, self.problem.saved_bytes(kept), *known)
+        seen = (self.over(st), st.cost)
+        if seen < self.best_seen:
+            self.best_seen, self.last_gain = seen, time.perf_counter()
+            if _DEBUG_GAINS:
+                print(f"[search] over {seen[0]} cost {seen[1]:.6g} at {time.perf_counter():.1f}", flush=True)
+        return st
 
     def over(self, st: SearchState) -> int:
         """Bytes over the budgets (0: the plan fits)."""
@@ -400,7 +414,7 @@ def _repair(judge: _Judge, cand: SearchState, current: SearchState, repairs: int
 def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_budget: int,
                        budget: int | None = None, *, time_limit_s: float = 10.0,
                        max_evaluations: int = 20_000, repairs: int = 8,
-                       max_starts: int = 16) -> SearchState | None:
+                       max_starts: int = 16, stall_s: float | None = None) -> SearchState | None:
     """The best plan the local search reaches from ``starts`` (saved sets; invalid ones skipped).
 
     Best means: fits ``peak_budget`` (and ``budget`` saved bytes) if any state does, then least
@@ -410,7 +424,7 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
     descend furthest: on the 2-layer GPT the smallest peak came from the 9th-16th of them).
     """
     judge = _Judge(problem, peak_budget, budget, time.perf_counter() + float(time_limit_s),
-                   int(max_evaluations))
+                   int(max_evaluations), stall_s)
     states: list[SearchState] = []
     seen: set[frozenset[str]] = set()
     for saved in starts:
