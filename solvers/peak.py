@@ -77,6 +77,17 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
                           time_limit_s=time_limit_s, threads=threads, seed=seed, hint_saved=hint_saved,
                           gap=gap, candidates=candidates, search_share=search_share)
         return replace(plan, extra={**plan.extra, "count_gradients": False})
+    # Ctrl-C between or inside the stages (the local search is Python) stops the solve with its
+    # best plan so far, as inside a native solve (solvers.interrupt)
+    with interrupt.stop_on_sigint(lambda: None):
+        return _solve_peak(problem, peak_budget, budget, stages=stages, time_limit_s=time_limit_s,
+                           threads=threads, seed=seed, hint_saved=hint_saved, gap=gap,
+                           candidates=candidates, search_share=search_share)
+
+
+def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stages: int | None,
+                time_limit_s: float, threads: int, seed: int, hint_saved: set[str] | None,
+                gap: float, candidates: Iterable[Iterable[str]], search_share: float) -> Plan:
     from .mip_model import build_model, presolve
     from .peak_bound import peak_rows, solve_relaxation
 

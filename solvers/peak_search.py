@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
+from . import interrupt
 from .problem import Problem, Role
 
 _DEBUG_GAINS = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
@@ -183,7 +184,7 @@ class _Judge:
 
     def out_of_time(self) -> bool:
         now = time.perf_counter()
-        return (self.evaluations >= self.max_evaluations or now >= self.deadline
+        return (self.evaluations >= self.max_evaluations or now >= self.deadline or interrupt.requested()
                 or self.stall_s is not None and now - self.last_gain > self.stall_s)
 
     def close(self, saved: Iterable[str]) -> tuple[frozenset[str], frozenset[str], float] | None:

@@ -51,7 +51,7 @@ def test_sigint_stops_a_cpsat_solve_with_its_best_plan(tmp_path):
     """)
     proc = _start(["-c", script], tmp_path)
     _wait_for(proc, "solving")
-    time.sleep(4)  # inside the CP-SAT search (it runs for the whole limit without a Ctrl-C)
+    time.sleep(4)  # inside the solve: a native solve (HiGHS, CP-SAT) or the local search
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
     out, err = proc.communicate(timeout=60)
