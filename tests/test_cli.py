@@ -93,10 +93,12 @@ def test_run_writes_every_report(tiny_run):
     from opt_remat.runs.summary import memory_curves
     planned = [r for r in recs if r.get("saved_bytes") is not None]
     assert all(r["peak_bytes"] > 0 for r in planned) and "step peak" in table
-    curves = memory_curves(_problem_of(out), [Record.from_json(r) for r in recs], out)
+    grads: dict = {}
+    curves = memory_curves(_problem_of(out), [Record.from_json(r) for r in recs], out, peak_gradients=grads)
     assert set(curves) == {"0.5", "0.2"}
-    for r in planned:
+    for r in planned:  # the plot's curves and legend split agree with the results
         assert max(curves[r["budget"]][r["solver"]]) == r["peak_bytes"]
+        assert grads[r["budget"]][r["solver"]] == r["peak_gradient_bytes"] > 0
     img = matplotlib.image.imread(out / "memory.png")
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
     assert not list(out.glob(".*.tmp")), "no temporary files left behind"

@@ -112,9 +112,11 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
 
 def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
                 title: str = "live memory during the step",
-                forward_ends: dict[str, dict[str, int]] | None = None) -> Path:
+                forward_ends: dict[str, dict[str, int]] | None = None,
+                peak_gradients: dict[str, dict[str, int]] | None = None) -> Path:
     """Write a PNG of live bytes per step (``{budget: {solver: [bytes per step]}}``), with a dotted
-    line where each curve's forward ends (``forward_ends``: its number of forward steps)."""
+    line where each curve's forward ends (``forward_ends``: its number of forward steps) and, in
+    the legend, how much of each peak is gradients (``peak_gradients``)."""
     import math
 
     import matplotlib
@@ -132,8 +134,10 @@ def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
         ax = fig.add_subplot(rows, cols, i + 1)
         for solver, steps in curves.get(budget, {}).items():
             peak = max(steps, default=0)
+            grads = (peak_gradients or {}).get(budget, {}).get(solver)
+            split = f", grads {grads / scale:.3g}" if grads else ""  # the rest: activations + recompute
             line, = ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9,
-                            label=f"{solver} (peak {peak / scale:.3g} {unit})")
+                            label=f"{solver} (peak {peak / scale:.3g} {unit}{split})")
             end = (forward_ends or {}).get(budget, {}).get(solver)
             if end:  # the forward ends here (plans that save more run a longer forward)
                 ax.axvline(end - 0.5, color=line.get_color(), linestyle=":", linewidth=0.8, alpha=0.8)

@@ -161,10 +161,11 @@ def mincut_hull(problem: Problem, max_cuts: int = 48) -> list[tuple[int, float]]
 
 
 def memory_curves(problem: Problem, records: Sequence[Record], out_dir: Path,
-                  forward_ends: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, list[int]]]:
+                  forward_ends: dict[str, dict[str, int]] | None = None,
+                  peak_gradients: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, list[int]]]:
     """Per budget, per solver: the simulated live bytes at every step of the training step (plans
     read back from their files, so resumed results are plotted too). ``forward_ends`` (if given)
-    gets each curve's number of forward steps."""
+    gets each curve's number of forward steps; ``peak_gradients`` the gradient bytes in its peak."""
     from solvers.liveness import simulate_plan
     from solvers.plans_io import read_plan_file
 
@@ -181,6 +182,8 @@ def memory_curves(problem: Problem, records: Sequence[Record], out_dir: Path,
         if forward_ends is not None:
             forward_ends.setdefault(rec.budget, {})[rec.solver] = sum(
                 1 for phase, _, _ in curve.steps if phase == "forward")
+        if peak_gradients is not None:
+            peak_gradients.setdefault(rec.budget, {})[rec.solver] = curve.peak_gradients
     return curves
 
 
@@ -191,8 +194,10 @@ def write_reports(cfg: Config, work: Workload, records: Sequence[Record], hull: 
         from .plots import memory_plot, pareto_plot
         pareto_plot(records, hull, out_dir / "pareto.png", title=f"{cfg.title}: saved memory vs recompute")
         forward_ends: dict[str, dict[str, int]] = {}
-        memory_plot(memory_curves(work.problem, records, out_dir, forward_ends), out_dir / "memory.png",
-                    title=f"{cfg.title}: live memory during the step (simulated)", forward_ends=forward_ends)
+        grads: dict[str, dict[str, int]] = {}
+        memory_plot(memory_curves(work.problem, records, out_dir, forward_ends, grads), out_dir / "memory.png",
+                    title=f"{cfg.title}: live memory during the step (simulated)", forward_ends=forward_ends,
+                    peak_gradients=grads)
     table = summary_table(records)
     if cfg.spec.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
         table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
