@@ -4,12 +4,13 @@ The step is the one ``solvers.liveness`` simulates (forward in graph order; back
 with recomputation just in time; values freed after their last use). ``solve_peak``:
 
 * a proven lower bound on the recompute cost of every plan that fits, from the linear relaxation
-  of ``solvers.peak_bound`` (which also proves budgets infeasible);
-* plans that fit, judged by the exact simulation: the relaxations' plans (with recompute chains,
-  ``solvers.peak_schedule``, on graphs of moderate size), re-solved at lowered budgets; cheap
-  candidates (``solvers.peak_candidates``: min-cut, checkpointing, callers' plans); on small graphs
-  the stage model (``solvers.peak_stages``); the local search of ``solvers.peak_search`` from all;
-* it stops once the gap (cost - bound) / cost is at most ``gap``.
+  of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible);
+* plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
+  budgets (when none fits, on graphs of moderate size, with recompute chains,
+  ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
+  checkpointing, callers' plans); on small graphs the stage model (``solvers.peak_stages``); the
+  local search of ``solvers.peak_search`` from all, until it stalls;
+* it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import interrupt
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
                               _infeasible)
-from .peak_search import improve_saved_sets
+from .peak_search import DEBUG as _DEBUG, improve_saved_sets
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -45,7 +46,6 @@ STAGE_MODEL_MAX_VALUES = 150
 # the relaxation with recompute chains finds plans for the search up to this many values (measured:
 # nothing in 20 s at the 7B shape's 3,500)
 CHAINS_MAX_VALUES = 2000
-_DEBUG = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
 
 
 
@@ -58,14 +58,16 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     proven lower bound on the cost of every such plan (``plan.bound``; the gap in
     ``extra["gap"]``).
 
-    1. The relaxation of ``solvers.peak_bound`` (CP-SAT) gives the bound, and proves a budget
+    1. The relaxation of ``solvers.peak_bound`` (HiGHS) gives the bound, and proves a budget
        infeasible when it admits no plan. Its plan often fits the exact simulation: then it is
        optimal up to the solver's gap.
-    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot; every
+    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot (with
+       recompute chains if none of those fits, on graphs of moderate size); every
        plan the project can make cheaply (min-cut across its trade-off, checkpointing every k-th
        residual value, ``hint_saved`` and ``candidates`` such as torch's or the default plan); on
        small graphs the stage model below; then the local search of ``solvers.peak_search`` from
-       all of these, judged by the exact simulation.
+       all of these, judged by the exact simulation, until it finds nothing better for
+       ``STALL_SHARE`` of the time limit.
     The solve returns as soon as the gap is at most ``gap`` (relative). Raises PeakInfeasibleError
     naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).

@@ -331,15 +331,14 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                      seed: int = 0, hint_saved: set[str] | None = None, chains: bool = True,
                      fixed: list[int] | None = None, engine: str = "cpsat") -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT, or by HiGHS
-    (``engine="highs"``: the same model, proven optimal far sooner on big graphs; no chains, no
-    hint). ``chains``: add ``solvers.peak_schedule``'s first-need times (tighter, slower).
+    (``engine="highs"``: the same model, proven optimal far sooner on big graphs; needs
+    ``chains=False``; no hint). ``chains``: add ``solvers.peak_schedule``'s first-need times (tighter, slower).
     ``fixed``: the program's variables pinned to these values (tests: a true plan must fit its own
     simulated peak)."""
     from .peak_schedule import add_schedule
 
-    if engine == "highs":
-        return _solve_relaxation_highs(problem, model, rows, peak_budget, budget,
-                                       time_limit_s=time_limit_s, fixed=fixed)
+    if engine == "highs" and chains:  # HiGHS takes clauses and linear rows, not the cumulative
+        raise ValueError("solve_relaxation: chains=True needs engine='cpsat'")
 
     def extend(m, x) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
@@ -348,6 +347,9 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         if fixed is not None:
             for xi, value in zip(x, fixed):
                 m.add(xi == value)
+
+    if engine == "highs":
+        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s)
 
     from .mip import _CostScale, _solve_cpsat
     from .mip_model import hint_from_plan, normalize_saved
@@ -370,17 +372,10 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                    solved.plan_saved)
 
 
-def _solve_relaxation_highs(problem: Problem, model: Model, rows: PeakRows, peak_budget: int,
-                            budget: int | None, *, time_limit_s: float,
-                            fixed: list[int] | None = None) -> Relaxed:
+def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
+                            time_limit_s: float) -> Relaxed:
     from .highs_cpsat import solve_with_highs
     from .mip import _saved_set, cpsat_program
-
-    def extend(m, x) -> None:
-        add_peak_rows(m, x, problem, model, rows, peak_budget)
-        if fixed is not None:
-            for xi, value in zip(x, fixed):
-                m.add(xi == value)
 
     m, _ = cpsat_program(model, {}, budget, extend)
     # costs in units of their total, so HiGHS's tolerances are relative to the plan costs

@@ -22,7 +22,8 @@ from typing import Iterable
 from . import interrupt
 from .problem import Problem, Role
 
-_DEBUG_GAINS = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
+# OPT_REMAT_DEBUG_PEAK=1: the peak solve (solvers.peak) and this search print their progress
+DEBUG = bool(__import__("os").environ.get("OPT_REMAT_DEBUG_PEAK"))
 
 
 # how many first moves the two-move escape from a local minimum of the peak tries
@@ -221,7 +222,7 @@ class _Judge:
         seen = (self.over(st), st.cost)
         if seen < self.best_seen:
             self.best_seen, self.last_gain = seen, time.perf_counter()
-            if _DEBUG_GAINS:
+            if DEBUG:
                 print(f"[search] over {seen[0]} cost {seen[1]:.6g} at {time.perf_counter():.1f}", flush=True)
         return st
 
@@ -423,6 +424,7 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
     is a valid plan. The result is never worse than the best start. Up to ``max_starts`` starts
     are descended, most promising first, while time and evaluations last (a start ranked low can
     descend furthest: on the 2-layer GPT the smallest peak came from the 9th-16th of them).
+    ``stall_s``: stop once no state has beaten the best for that many seconds.
     """
     judge = _Judge(problem, peak_budget, budget, time.perf_counter() + float(time_limit_s),
                    int(max_evaluations), stall_s)
