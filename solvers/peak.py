@@ -4,7 +4,8 @@ The step is the one ``solvers.liveness`` simulates (forward in graph order; back
 with recomputation just in time; values freed after their last use). ``solve_peak``:
 
 * a proven lower bound on the recompute cost of every plan that fits, from the linear relaxation
-  of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible);
+  of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible), raised by
+  cutting planes where its plan overshoots the simulation (``solvers.peak_cuts``);
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
   budgets (when none fits, on graphs of moderate size, with recompute chains,
   ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
@@ -21,6 +22,7 @@ from typing import Iterable
 
 from . import interrupt
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
+from .peak_cuts import CutContext, violated_steps
 from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
                               _infeasible)
 from .peak_search import DEBUG as _DEBUG, improve_saved_sets
@@ -39,6 +41,11 @@ DEFAULT_GAP = 0.01
 # shares of the time limit for the first relaxation solve and for re-solving it at lowered budgets
 RELAX_SHARE = 0.3
 SHRINK_SHARE = 0.3
+# share of the time limit for the cutting-plane rounds (solvers.peak_cuts), and steps cut per round
+CUT_SHARE = 0.25
+CUTS_PER_ROUND = 2
+# HiGHS's relative gap on the relaxation, as a share of the solve's gap
+RELAX_GAP_SHARE = 0.25
 SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
 # helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
@@ -68,6 +75,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        small graphs the stage model below; then the local search of ``solvers.peak_search`` from
        all of these, judged by the exact simulation, until it finds nothing better for
        ``STALL_SHARE`` of the time limit.
+    3. Cutting planes raise the bound: rows at the steps where the relaxation's plan overshoots
+       the simulation, counting what recompute chains keep live there (``solvers.peak_cuts``).
     The solve returns as soon as the gap is at most ``gap`` (relative). Raises PeakInfeasibleError
     naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
@@ -106,15 +115,25 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
 
     model = presolve(problem, build_model(problem))
     rows = peak_rows(problem)
+    cuts = (CutContext(problem, model, rows), [])  # the cut steps grow as plans overshoot
     # HiGHS proves the relaxation optimal in seconds where CP-SAT takes the whole share without
-    # proving it (measured, 7B shape at 0.6x the min-cut peak: 2-3 s vs 18 s unproven)
-    relaxed = solve_relaxation(problem, model, rows, peak_budget, budget, threads=threads, seed=seed,
-                               time_limit_s=RELAX_SHARE * time_limit_s, chains=False, engine="highs")
+    # proving it (measured, 7B shape at 0.6x the min-cut peak: 2-3 s vs 18 s unproven); asked for
+    # a fraction of the solve's gap, not 1e-4, it returns in 1.7 s where it took 60 s at 0.3x
+    rel_gap = max(1e-4, RELAX_GAP_SHARE * gap)
+
+    def relax(target: int, limit: float, hint: Iterable[str] | None = None, chains: bool = False):
+        return solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
+                                time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
+                                hint_saved=set(hint) if chains and hint is not None else None,
+                                cuts=None if chains else cuts, rel_gap=rel_gap)
+
+    relaxed = relax(peak_budget, RELAX_SHARE * time_limit_s)
     if relaxed.status == "infeasible":
         raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None), False,
                                   peak_lower_bound(problem), infeasible_proven=True)
     lower = relaxed.bound or 0.0
     tried: list[frozenset[str]] = []
+    last_curve: list = [None]  # the simulation of the last plan offered
 
     def offer(saved: Iterable[str], how: str) -> int | None:
         nonlocal best_plan, best_peak
@@ -123,7 +142,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         except PlanError:
             return None
         tried.append(plan.saved)
-        peak = simulate_plan(problem, plan.saved).peak
+        curve = simulate_plan(problem, plan.saved)
+        last_curve[0] = (plan, curve)
+        peak = curve.peak
         if _DEBUG:
             print(f"[peak] {how}: cost {plan.recompute_cost:.6g} peak {peak} budget {peak_budget} "
                   f"bound {lower:.6g} t={time.perf_counter() - start:.1f}s", flush=True)
@@ -137,29 +158,28 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         return best_plan is not None and best_plan.recompute_cost - lower <= gap * best_plan.recompute_cost
 
     overshoot = 0
+    last_curve[0] = None
     if relaxed.saved is not None:
         peak = offer(relaxed.saved, "relaxation")
         overshoot = 0 if peak is None else peak - peak_budget
+    relaxed_curve = last_curve[0]
     # plans that fit: the linear relaxation (HiGHS) re-solved at budgets lowered by what its plans
     # overshoot the simulation, then bisected between the highest budget whose plan did not fit
     # and the lowest whose plan did. When none of its plans fits, on graphs of moderate size the
     # same with recompute chains (solvers.peak_schedule: CP-SAT, slower, its plans closer to the
     # simulation). Measured, 4-layer models of the tests: HiGHS's plans alone as cheap or cheaper
     # (GPT, LLaMA) in ~10 s instead of ~37 s; chains found the only plan on ResNet at 0.75.
-    def shrink(chains: bool, share: float) -> bool:
+    def shrink(chains: bool, share: float, overshoot: int) -> bool:
         """Whether one of these re-solves' plans fits."""
         fits_at, over_at = None, peak_budget if overshoot > 0 else None
         target = peak_budget if chains else peak_budget - overshoot
         hint = relaxed.saved
         until = time.perf_counter() + share * time_limit_s
         while over_at is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
-            again = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
-                                     time_limit_s=min(until - time.perf_counter(), left(),
-                                                      max(1.0, (0.5 if chains else 0.1) * time_limit_s)),
-                                     hint_saved=set(hint) if hint is not None else None,
-                                     chains=chains, engine="cpsat" if chains else "highs")
+            again = relax(target, min(until - time.perf_counter(), left(),
+                                      max(1.0, (0.5 if chains else 0.15) * time_limit_s)), hint, chains)
             peak = None if again.saved is None else offer(
-                again.saved, "relaxation with chains" if chains else "relaxation")
+                again.saved, "relaxation with chains" if chains else "relaxation, lowered budget")
             if peak is not None and peak <= peak_budget:
                 fits_at, hint = target, again.saved
             else:
@@ -176,8 +196,46 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 break
         return fits_at is not None
 
-    if not shrink(False, SHRINK_SHARE) and len(problem.candidates) <= CHAINS_MAX_VALUES:
-        shrink(True, SHRINK_SHARE_CHAINS)
+    # cutting planes, for the bound: where the relaxation's plan overshoots the simulation, rows
+    # that count what recompute chains keep live there (solvers.peak_cuts: valid for every plan,
+    # so each re-solve's bound is a bound; their plans are offered too), until its plan fits, the
+    # steps repeat or the share is spent. After the plans that fit: a cut at a few steps moves
+    # the relaxation's overshoot to other steps, so its plans are rarely the ones that fit.
+    def cut_rounds(share: float, start_from) -> None:
+        nonlocal lower, relaxed
+        current = start_from
+        until = time.perf_counter() + share * time_limit_s
+        while current is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
+            plan, curve = current
+            if curve.peak <= peak_budget:
+                break
+            new = [k for k in violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND)
+                   if k not in cuts[1]]
+            if not new:
+                break
+            for k in new:
+                cuts[0].note(k, set(plan.saved), set(plan.recomputed))
+            cuts[1].extend(new)
+            again = relax(peak_budget, min(until - time.perf_counter(), left()))
+            if again.status == "infeasible":  # the cuts hold for every plan that fits
+                if best_plan is not None:
+                    raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse "
+                                       "a plan that fits")
+                raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None),
+                                          False, peak_lower_bound(problem), infeasible_proven=True)
+            if again.bound is not None and again.bound > lower:
+                lower = again.bound
+                if again.status == "optimal":
+                    relaxed = again
+            if again.saved is None:
+                break
+            last_curve[0] = None
+            offer(again.saved, "relaxation with cuts")
+            current = last_curve[0]
+
+    if not shrink(False, SHRINK_SHARE, overshoot) and len(problem.candidates) <= CHAINS_MAX_VALUES:
+        shrink(True, SHRINK_SHARE_CHAINS, overshoot)
+    cut_rounds(CUT_SHARE, relaxed_curve)
     attempts: list[frozenset[str]] = []
     if not done() and len(problem.candidates) <= STAGE_MODEL_MAX_VALUES and left() > 0:
         try:

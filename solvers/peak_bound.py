@@ -147,9 +147,11 @@ def storage_vars(problem: Problem, model: Model) -> dict[str, int]:
 def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[int, int, tuple]]]:
     """Per counted storage, the spans ``[lo, hi)`` of backward positions where it is live under a
     condition on the plan (outside the spans ``C_k`` already counts it). Conditions: ``("y", g)``
-    (g holds a saved value), ``("r", w)`` (w is recomputed), ``("sr", v, w)`` (v saved, w recomputed).
+    (g holds a saved value), ``("s", v)`` (v is saved), ``("r", w)`` (w is recomputed),
+    ``("sr", v, w)`` (v saved, w recomputed).
 
-    * saved: from the forward's end to the first direct read of any member;
+    * a saved member v: from the forward's end to its first direct read; not read directly,
+      until a consumer can be made (``E``), or as long as a view of it is held;
     * a member v with a recomputed consumer w that is read directly before v is: v is needed when
       w is made (no later than w's first read) and lives to its own reads: ``[F(w), F(v))``;
     * a saved member v with a recomputed consumer w: v's saved buffer lives until w is made, which
@@ -160,15 +162,29 @@ def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[i
         members.setdefault(n.storage_id, []).append(n.name)
     users = problem.users
     n_steps = len(rows.consts)
+    by_name = problem.by_name
+    # held[v]: a saved v keeps its storage live at least this long. Read directly: until its first
+    # read. Otherwise until each consumer is made: a view of the same storage continues it (held
+    # recursively), any other consumer w is made no earlier than E(w).
+    held: dict[str, int] = {}
+    for node in reversed(problem.candidates):
+        v = node.name
+        if v in rows.span:
+            held[v] = rows.span[v][0]
+            continue
+        h = _NEVER
+        for w in users[v]:
+            same = by_name[w].storage_id == node.storage_id
+            h = min(h, held.get(w, 0) if same else rows.earliest.get(w, 0))
+        held[v] = h
     out: dict[str, list[tuple[int, int, tuple]]] = {}
     for g, vs in members.items():
         if not problem.counts_memory(g):
             continue
         segs: list[tuple[int, int, tuple]] = []
-        saveable = [v for v in vs if problem.can_save(v)]
-        if saveable:
-            first = min((rows.span[v][0] if v in rows.span else -1) for v in saveable)
-            segs.append((0, first, ("y", g)))
+        for v in vs:  # a saved member holds the storage until held[v]
+            if problem.can_save(v):
+                segs.append((0, min(held[v], n_steps), ("s", v)))
         for v in vs:
             fv = rows.span.get(v)
             for w in users[v]:
@@ -207,6 +223,8 @@ def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: 
     def holds(c: tuple) -> bool:
         if c[0] == "y":
             return c[1] in saved_storages
+        if c[0] == "s":
+            return c[1] in saved
         if c[0] == "r":
             return c[1] in recomputed
         return c[1] in saved and c[2] in recomputed
@@ -284,6 +302,8 @@ def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, pe
         variable for it (dropping a condition keeps the relaxation valid)."""
         if c[0] == "y":
             return None if c[1] not in svar else x[svar[c[1]]]
+        if c[0] == "s":
+            return None if c[1] not in model.s_var else x[model.s_var[c[1]]]
         if c[0] == "r":
             return None if c[1] not in model.r_var else x[model.r_var[c[1]]]
         if c[1] not in model.s_var or c[2] not in model.r_var:
@@ -329,12 +349,15 @@ class Relaxed:
 def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget: int,
                      budget: int | None = None, *, time_limit_s: float, threads: int = 2,
                      seed: int = 0, hint_saved: set[str] | None = None, chains: bool = True,
-                     fixed: list[int] | None = None, engine: str = "cpsat") -> Relaxed:
+                     fixed: list[int] | None = None, engine: str = "cpsat",
+                     cuts: tuple[Any, list[int]] | None = None, rel_gap: float = 1e-4) -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT, or by HiGHS
     (``engine="highs"``: the same model, proven optimal far sooner on big graphs; needs
     ``chains=False``; no hint). ``chains``: add ``solvers.peak_schedule``'s first-need times (tighter, slower).
     ``fixed``: the program's variables pinned to these values (tests: a true plan must fit its own
-    simulated peak)."""
+    simulated peak). ``cuts``: ``(solvers.peak_cuts.CutContext, steps)``, rows at those backward
+    steps for what recompute chains keep live."""
+    from .peak_cuts import add_cut_rows
     from .peak_schedule import add_schedule
 
     if engine == "highs" and chains:  # HiGHS takes clauses and linear rows, not the cumulative
@@ -344,12 +367,14 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         add_peak_rows(m, x, problem, model, rows, peak_budget)
         if chains:
             add_schedule(m, x, problem, model, rows, peak_budget)
+        if cuts is not None and cuts[1]:
+            add_cut_rows(m, x, cuts[0], peak_budget, cuts[1])
         if fixed is not None:
             for xi, value in zip(x, fixed):
                 m.add(xi == value)
 
     if engine == "highs":
-        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s)
+        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap)
 
     from .mip import _CostScale, _solve_cpsat
     from .mip_model import hint_from_plan, normalize_saved
@@ -373,7 +398,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
 
 
 def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
-                            time_limit_s: float) -> Relaxed:
+                            time_limit_s: float, rel_gap: float) -> Relaxed:
     from .highs_cpsat import solve_with_highs
     from .mip import _saved_set, cpsat_program
 
@@ -382,7 +407,7 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
     total = sum(model.cost.values())
     scale = 1e3 / total if total > 0 else 1.0
     got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
-                           time_limit_s=max(time_limit_s, 0.05))
+                           time_limit_s=max(time_limit_s, 0.05), rel_gap=rel_gap)
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0

@@ -172,3 +172,61 @@ def test_highs_and_cpsat_prove_the_same_relaxation_bound():
             agree += by_highs.bound >= by_cpsat.bound * (1 - 1e-3) - 1e-15
     assert compared >= 20
     assert agree == compared, (agree, compared)  # measured: 42 of 42
+
+
+def test_every_true_plan_fits_the_cut_rows_at_its_own_peak():
+    # solvers.peak_cuts' rows at every backward step must admit each valid plan at its simulated
+    # peak (with N at its true values), or the bound they raise would not be a bound
+    from solvers.mip_model import hint_from_plan, normalize_saved
+    from solvers.peak_cuts import CutContext
+    checked = 0
+    for seed in range(40):
+        p = _problem(seed)
+        model = presolve(p, build_model(p))
+        rows = peak_rows(p)
+        ctx = CutContext(p, model, rows)
+        steps = list(range(len(rows.consts)))
+        others = list(itertools.islice(_valid_plans(p), 40))
+        rng = random.Random(seed)
+        for other in rng.sample(others, min(3, len(others))):  # windows noted from other plans
+            for tau in steps:
+                ctx.note(tau, set(other.saved), set(other.recomputed))
+        for plan in itertools.islice(_valid_plans(p), 25):
+            normal = plan_from_saved(p, normalize_saved(model, plan.saved), solver="x", status=Status.FEASIBLE)
+            peak = simulate_plan(p, normal.saved).peak
+            relaxed = solve_relaxation(p, model, rows, peak, time_limit_s=5, chains=False,
+                                       fixed=hint_from_plan(model, normal), cuts=(ctx, steps))
+            assert relaxed.status in ("optimal", "feasible"), (seed, sorted(plan.saved), relaxed.status)
+            checked += 1
+    assert checked > 400
+
+
+def test_cut_rows_are_exact_enough_to_cut_off_plans_that_do_not_fit():
+    # the converse, measured: with rows at every step, most plans pinned at a budget below their
+    # simulated peak are refused (the plain relaxation admits many of them)
+    from solvers.mip_model import hint_from_plan, normalize_saved
+    from solvers.peak_cuts import CutContext
+    refused = refused_plain = total = 0
+    for seed in range(40):
+        p = _problem(seed)
+        model = presolve(p, build_model(p))
+        rows = peak_rows(p)
+        ctx = CutContext(p, model, rows)
+        steps = list(range(len(rows.consts)))
+        for plan in itertools.islice(_valid_plans(p), 10):
+            normal = plan_from_saved(p, normalize_saved(model, plan.saved), solver="x", status=Status.FEASIBLE)
+            curve = simulate_plan(p, normal.saved)
+            if curve.peak_phase != "backward":
+                continue
+            fixed = hint_from_plan(model, normal)
+            for tau in steps:
+                ctx.note(tau, set(normal.saved), set(normal.recomputed))
+            below = curve.peak - 1
+            total += 1
+            refused += solve_relaxation(p, model, rows, below, time_limit_s=5, chains=False, fixed=fixed,
+                                        cuts=(ctx, steps)).status == "infeasible"
+            refused_plain += solve_relaxation(p, model, rows, below, time_limit_s=5, chains=False,
+                                              fixed=fixed).status == "infeasible"
+    assert total > 100
+    assert refused >= refused_plain
+    print(f"refused with cuts {refused}/{total}, without {refused_plain}/{total}")
