@@ -9,7 +9,8 @@ with recomputation just in time; values freed after their last use). ``solve_pea
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
   budgets (when none fits, on graphs of moderate size, with recompute chains,
   ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
-  checkpointing, callers' plans); on small graphs the stage model (``solvers.peak_stages``); the
+  checkpointing, callers' plans); grafts of the cheaper plans that overshoot onto the best one
+  that fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
   local search of ``solvers.peak_search`` from all, until it stalls;
 * it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
 """
@@ -23,12 +24,17 @@ from typing import Iterable
 from . import interrupt
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .peak_cuts import CutContext, violated_steps
+from .peak_graft import graft_plans
 from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
                               _infeasible)
 from .peak_search import DEBUG as _DEBUG, improve_saved_sets
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
+# a graph of this many values gets the whole time limit, a smaller one its share (at least
+# MIN_EFFORT_S): every phase below is a share of that
+FULL_EFFORT_VALUES = 3500
+MIN_EFFORT_S = 4.0
 # share of the time limit kept for the local search after the stage model
 SEARCH_SHARE = 0.5
 # the local search stops once nothing better has turned up for this share of the time limit (at
@@ -44,6 +50,12 @@ SHRINK_SHARE = 0.3
 # share of the time limit for the cutting-plane rounds (solvers.peak_cuts), and steps cut per round
 CUT_SHARE = 0.25
 CUTS_PER_ROUND = 2
+# a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
+NEAR_FIT = 0.03
+# grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
+# of the time limit they may take
+GRAFT_PLANS = 6
+GRAFT_SHARE = 0.15
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap
 RELAX_GAP_SHARE = 0.25
 SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
@@ -103,7 +115,11 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     from .peak_bound import peak_rows, solve_relaxation
 
     start = time.perf_counter()
-    deadline = start + float(time_limit_s)
+    # the effort scales with the graph: each phase's share is of this (measured: the 4-layer test
+    # models' solves gained nothing after ~10 s of their 60; the 7B shape's 3,331 values use all)
+    time_limit_s = min(float(time_limit_s),
+                       max(MIN_EFFORT_S, time_limit_s * len(problem.candidates) / FULL_EFFORT_VALUES))
+    deadline = start + time_limit_s
 
     def left() -> float:  # after a Ctrl-C (solvers.interrupt) no time is left: the best plan so far
         return 0.0 if interrupt.requested() else max(0.0, deadline - time.perf_counter())
@@ -134,6 +150,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     lower = relaxed.bound or 0.0
     tried: list[frozenset[str]] = []
     last_curve: list = [None]  # the simulation of the last plan offered
+    seen: list[tuple[Plan, int]] = []  # every plan offered, with its simulated peak
 
     def offer(saved: Iterable[str], how: str) -> int | None:
         nonlocal best_plan, best_peak
@@ -145,6 +162,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         curve = simulate_plan(problem, plan.saved)
         last_curve[0] = (plan, curve)
         peak = curve.peak
+        seen.append((plan, peak))
         if _DEBUG:
             print(f"[peak] {how}: cost {plan.recompute_cost:.6g} peak {peak} budget {peak_budget} "
                   f"bound {lower:.6g} t={time.perf_counter() - start:.1f}s", flush=True)
@@ -199,12 +217,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # cutting planes, for the bound: where the relaxation's plan overshoots the simulation, rows
     # that count what recompute chains keep live there (solvers.peak_cuts: valid for every plan,
     # so each re-solve's bound is a bound; their plans are offered too), until its plan fits, the
-    # steps repeat or the share is spent. After the plans that fit: a cut at a few steps moves
-    # the relaxation's overshoot to other steps, so its plans are rarely the ones that fit.
-    def cut_rounds(share: float, start_from) -> None:
+    # steps repeat or the time is spent. Last: a cut at a few steps moves the relaxation's
+    # overshoot to other steps, so its plans are rarely the ones that fit.
+    def cut_rounds(seconds: float, start_from) -> None:
         nonlocal lower, relaxed
         current = start_from
-        until = time.perf_counter() + share * time_limit_s
+        until = time.perf_counter() + seconds
         while current is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
             plan, curve = current
             if curve.peak <= peak_budget:
@@ -232,10 +250,38 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             last_curve[0] = None
             offer(again.saved, "relaxation with cuts")
             current = last_curve[0]
+            over = 0 if current is None else current[1].peak - peak_budget
+            if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not done():
+                # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
+                # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound)
+                lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
+                if lowered.saved is not None:
+                    offer(lowered.saved, "relaxation with cuts, lowered budget")
+            if over > 0:
+                graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
-    if not shrink(False, SHRINK_SHARE, overshoot) and len(problem.candidates) <= CHAINS_MAX_VALUES:
-        shrink(True, SHRINK_SHARE_CHAINS, overshoot)
-    cut_rounds(CUT_SHARE, relaxed_curve)
+    shrink(False, SHRINK_SHARE, overshoot)
+    def graft(seconds: float) -> None:
+        """Grafts of the cheaper plans that overshoot onto the best plan (solvers.peak_graft),
+        again from each better plan found, while they gain."""
+        until = time.perf_counter() + seconds
+        while best_plan is not None and not done() and time.perf_counter() < until and left() > 0:
+            base = best_plan
+            cheaper = sorted({p.saved: p for p, pk in seen + frontier
+                              if pk > peak_budget and p.recompute_cost < base.recompute_cost}.values(),
+                             key=lambda p: p.recompute_cost)[:GRAFT_PLANS]
+            for plan, _ in graft_plans(problem, base.saved, [p.saved for p in cheaper], peak_budget,
+                                       budget, deadline=min(until, time.perf_counter() + left())):
+                offer(plan.saved, "graft")
+            if best_plan is base:
+                break
+
+    graft(GRAFT_SHARE * time_limit_s)
+    if best_plan is None and len(problem.candidates) <= CHAINS_MAX_VALUES:
+        shrink(True, SHRINK_SHARE_CHAINS, overshoot)  # a last resort for a first plan that fits
+    # the cut rounds run last, with this share kept for them: the local search finds the plans
+    # (measured, 7B shape at 0.3x: cuts before it left it 9 s, and its plan was checkpointing's)
+    reserved = CUT_SHARE * time_limit_s if relaxed_curve is not None and overshoot > 0 else 0.0
     attempts: list[frozenset[str]] = []
     if not done() and len(problem.candidates) <= STAGE_MODEL_MAX_VALUES and left() > 0:
         try:
@@ -251,13 +297,15 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     if not done() and left() > 0:
         starts = ([best_plan.saved] if best_plan is not None else []) + tried + attempts \
             + [p.saved for p, _ in frontier]
-        found = improve_saved_sets(problem, starts, peak_budget, budget, time_limit_s=left(),
+        found = improve_saved_sets(problem, starts, peak_budget, budget,
+                                   time_limit_s=max(left() - reserved, min(left(), STALL_MIN_S)),
                                    stall_s=max(STALL_MIN_S, STALL_SHARE * time_limit_s))
         if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
             raise RuntimeError("opt-remat internal error: the local search's simulation disagrees "
                                "with solvers.liveness")
         if found is not None:
             offer(found.saved, "local-search")
+    cut_rounds(left(), relaxed_curve)
     elapsed = time.perf_counter() - start
     if best_plan is None:
         peaks = [pk for _, pk in frontier] + ([found.peak] if found is not None else [])
