@@ -116,13 +116,18 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
 
     start = time.perf_counter()
     # the effort scales with the graph: each phase's share is of this (measured: the 4-layer test
-    # models' solves gained nothing after ~10 s of their 60; the 7B shape's 3,331 values use all)
+    # models' solves gained nothing after ~10 s of their 60; the 7B shape's 3,331 values use all).
+    # While no plan fits, the whole time limit is the search's (measured: timm's convnext_atto
+    # at torch's 0.2 peak needs more than its 17 s)
+    hard_deadline = start + float(time_limit_s)
     time_limit_s = min(float(time_limit_s),
                        max(MIN_EFFORT_S, time_limit_s * len(problem.candidates) / FULL_EFFORT_VALUES))
     deadline = start + time_limit_s
 
     def left() -> float:  # after a Ctrl-C (solvers.interrupt) no time is left: the best plan so far
-        return 0.0 if interrupt.requested() else max(0.0, deadline - time.perf_counter())
+        if interrupt.requested():
+            return 0.0
+        return max(0.0, (deadline if best_plan is not None else hard_deadline) - time.perf_counter())
 
     frontier = _frontier(problem) + _candidate_plans(
         problem, ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates])
@@ -299,7 +304,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             + [p.saved for p, _ in frontier]
         found = improve_saved_sets(problem, starts, peak_budget, budget,
                                    time_limit_s=max(left() - reserved, min(left(), STALL_MIN_S)),
-                                   stall_s=max(STALL_MIN_S, STALL_SHARE * time_limit_s))
+                                   stall_s=max(STALL_MIN_S, STALL_SHARE * (
+                                       time_limit_s if best_plan is not None else hard_deadline - start)))
         if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
             raise RuntimeError("opt-remat internal error: the local search's simulation disagrees "
                                "with solvers.liveness")
