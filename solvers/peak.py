@@ -7,7 +7,7 @@ with recomputation just in time; values freed after their last use). ``solve_pea
   of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible), raised by
   cutting planes where its plan overshoots the simulation (``solvers.peak_cuts``);
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
-  budgets (when none fits, on graphs of moderate size, with recompute chains,
+  budgets (when nothing fits, on graphs of moderate size, with recompute chains,
   ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
   checkpointing, callers' plans); grafts of the cheaper plans that overshoot onto the best one
   that fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
@@ -80,16 +80,20 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     1. The relaxation of ``solvers.peak_bound`` (HiGHS) gives the bound, and proves a budget
        infeasible when it admits no plan. Its plan often fits the exact simulation: then it is
        optimal up to the solver's gap.
-    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot (with
-       recompute chains if none of those fits, on graphs of moderate size); every
-       plan the project can make cheaply (min-cut across its trade-off, checkpointing every k-th
-       residual value, ``hint_saved`` and ``candidates`` such as torch's or the default plan); on
-       small graphs the stage model below; then the local search of ``solvers.peak_search`` from
-       all of these, judged by the exact simulation, until it finds nothing better for
-       ``STALL_SHARE`` of the time limit.
+    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot;
+       every plan the project can make cheaply (min-cut across its trade-off, checkpointing every
+       k-th residual value, ``hint_saved`` and ``candidates`` such as torch's or the default
+       plan); grafts of the cheaper plans that overshoot onto the best that fits
+       (``solvers.peak_graft``); when none fits yet, on graphs of moderate size, the relaxation
+       with recompute chains; on small graphs the stage model below; then the local search of
+       ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
+       nothing 0.3% better for ``STALL_SHARE`` of the time limit.
     3. Cutting planes raise the bound: rows at the steps where the relaxation's plan overshoots
-       the simulation, counting what recompute chains keep live there (``solvers.peak_cuts``).
-    The solve returns as soon as the gap is at most ``gap`` (relative). Raises PeakInfeasibleError
+       the simulation, counting what recompute chains keep live there (``solvers.peak_cuts``);
+       their plans are grafted too, and re-solved below the budget when they nearly fit.
+    The solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with
+    the graph (``FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``, all of
+    it while no plan fits. Raises PeakInfeasibleError
     naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
     """

@@ -54,8 +54,8 @@ class CutContext:
         self.svar = storage_vars(problem, model)
         self.segments = {g: list(elementary_spans(rows, g, segs))
                          for g, segs in storage_segments(problem, rows).items()}
-        # (saved value, recomputable consumer) pairs, by the consumer
         self.noted: dict[int, set[str]] = {}  # cut step -> values plans there need N for
+        # (saved value, recomputable consumer) pairs, by the consumer
         self.holders: dict[str, list[str]] = {}
         for v in self.order:
             if v in model.s_var:
