@@ -303,18 +303,27 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         except PeakInfeasibleError:
             pass
     found = None
-    if not done() and left() > 0:
-        starts = ([best_plan.saved] if best_plan is not None else []) + tried + attempts \
+
+    def search(seconds: float, stall_s: float, more: list[frozenset[str]]) -> None:
+        nonlocal found
+        starts = ([best_plan.saved] if best_plan is not None else []) + more + tried + attempts \
             + [p.saved for p, _ in frontier]
-        found = improve_saved_sets(problem, starts, peak_budget, budget,
-                                   time_limit_s=max(left() - reserved, min(left(), STALL_MIN_S)),
-                                   stall_s=max(STALL_MIN_S, STALL_SHARE * (
-                                       time_limit_s if best_plan is not None else hard_deadline - start)))
-        if found is not None and simulate_plan(problem, found.saved).peak != found.peak:
+        got = improve_saved_sets(problem, starts, peak_budget, budget, time_limit_s=seconds,
+                                 stall_s=max(STALL_MIN_S, stall_s))
+        if got is not None and simulate_plan(problem, got.saved).peak != got.peak:
             raise RuntimeError("opt-remat internal error: the local search's simulation disagrees "
                                "with solvers.liveness")
-        if found is not None:
-            offer(found.saved, "local-search")
+        if got is not None:
+            found = got
+            offer(got.saved, "local-search")
+
+    # the graph's share of the time first (minus the cut rounds'); while nothing fits after it,
+    # the rest of the whole limit, from where it stopped
+    soft = max(0.0, min(left(), deadline - time.perf_counter()))
+    if not done() and soft > 0:
+        search(max(soft - reserved, min(soft, STALL_MIN_S)), STALL_SHARE * time_limit_s, [])
+    if best_plan is None and left() > 0:
+        search(left(), STALL_SHARE * (hard_deadline - start), [found.saved] if found is not None else [])
     cut_rounds(left(), relaxed_curve)
     elapsed = time.perf_counter() - start
     if best_plan is None:
