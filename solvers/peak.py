@@ -185,7 +185,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         return best_plan is not None and best_plan.recompute_cost - lower <= gap * best_plan.recompute_cost
 
     overshoot = 0
-    last_curve[0] = None
     if relaxed.saved is not None:
         peak = offer(relaxed.saved, "relaxation")
         overshoot = 0 if peak is None else peak - peak_budget
@@ -222,6 +221,21 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             if target <= 0:
                 break
         return fits_at is not None
+
+    def graft(seconds: float) -> None:
+        """Grafts of the cheaper plans that overshoot onto the best plan (solvers.peak_graft),
+        again from each better plan found, while they gain."""
+        until = time.perf_counter() + seconds
+        while best_plan is not None and not done() and time.perf_counter() < until and left() > 0:
+            base = best_plan
+            cheaper = sorted({p.saved: p for p, pk in seen + frontier
+                              if pk > peak_budget and p.recompute_cost < base.recompute_cost}.values(),
+                             key=lambda p: p.recompute_cost)[:GRAFT_PLANS]
+            for plan, _ in graft_plans(problem, base.saved, [p.saved for p in cheaper], peak_budget,
+                                       budget, deadline=min(until, time.perf_counter() + left())):
+                offer(plan.saved, "graft")
+            if best_plan is base:
+                break
 
     # cutting planes, for the bound: where the relaxation's plan overshoots the simulation, rows
     # that count what recompute chains keep live there (solvers.peak_cuts: valid for every plan,
@@ -270,21 +284,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
     shrink(False, SHRINK_SHARE, overshoot)
-    def graft(seconds: float) -> None:
-        """Grafts of the cheaper plans that overshoot onto the best plan (solvers.peak_graft),
-        again from each better plan found, while they gain."""
-        until = time.perf_counter() + seconds
-        while best_plan is not None and not done() and time.perf_counter() < until and left() > 0:
-            base = best_plan
-            cheaper = sorted({p.saved: p for p, pk in seen + frontier
-                              if pk > peak_budget and p.recompute_cost < base.recompute_cost}.values(),
-                             key=lambda p: p.recompute_cost)[:GRAFT_PLANS]
-            for plan, _ in graft_plans(problem, base.saved, [p.saved for p in cheaper], peak_budget,
-                                       budget, deadline=min(until, time.perf_counter() + left())):
-                offer(plan.saved, "graft")
-            if best_plan is base:
-                break
-
     graft(GRAFT_SHARE * time_limit_s)
     if best_plan is None and len(problem.candidates) <= CHAINS_MAX_VALUES:
         shrink(True, SHRINK_SHARE_CHAINS, overshoot)  # a last resort for a first plan that fits

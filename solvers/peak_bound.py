@@ -146,9 +146,8 @@ def storage_vars(problem: Problem, model: Model) -> dict[str, int]:
 
 def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[int, int, tuple]]]:
     """Per counted storage, the spans ``[lo, hi)`` of backward positions where it is live under a
-    condition on the plan (outside the spans ``C_k`` already counts it). Conditions: ``("y", g)``
-    (g holds a saved value), ``("s", v)`` (v is saved), ``("r", w)`` (w is recomputed),
-    ``("sr", v, w)`` (v saved, w recomputed).
+    condition on the plan (outside the spans ``C_k`` already counts it). Conditions: ``("s", v)``
+    (v is saved), ``("r", w)`` (w is recomputed), ``("sr", v, w)`` (v saved, w recomputed).
 
     * a saved member v: from the forward's end to its first direct read; not read directly,
       until a consumer can be made (``E``), or as long as a view of it is held;
@@ -217,12 +216,9 @@ def elementary_spans(rows: PeakRows, g: str, segs: list[tuple[int, int, tuple]])
 def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: set[str]) -> list[int]:
     """The relaxation's live bytes at every backward position for a plan (each <= the simulated
     live bytes there: what the tests check)."""
-    by_name, size = problem.by_name, problem.storage_size
-    saved_storages = {by_name[v].storage_id for v in saved}
+    size = problem.storage_size
 
     def holds(c: tuple) -> bool:
-        if c[0] == "y":
-            return c[1] in saved_storages
         if c[0] == "s":
             return c[1] in saved
         if c[0] == "r":
@@ -240,6 +236,18 @@ def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: 
         running += delta[k]
         out.append(c + running)
     return out
+
+
+def condition_literals(c: tuple, x: list[Any], model: Model) -> list[Any] | None:
+    """A condition of ``storage_segments`` as the CP-SAT literals whose conjunction it is; None
+    if the program has no variable for it (dropping a condition keeps the relaxation valid)."""
+    if c[0] == "s":
+        return None if c[1] not in model.s_var else [x[model.s_var[c[1]]]]
+    if c[0] == "r":
+        return None if c[1] not in model.r_var else [x[model.r_var[c[1]]]]
+    if c[1] not in model.s_var or c[2] not in model.r_var:
+        return None
+    return [x[model.s_var[c[1]]], x[model.r_var[c[2]]]]
 
 
 def at_least_one(m: Any, lits: list[Any]) -> Any:
@@ -295,27 +303,14 @@ def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, pe
         if a > 0:
             joins.setdefault(a - 1, []).append((-coef, literal))
 
-    svar = storage_vars(problem, model)
-
-    def var_of(c: tuple):
-        """The condition as a CP-SAT literal (or a pair to conjoin); None if the program has no
-        variable for it (dropping a condition keeps the relaxation valid)."""
-        if c[0] == "y":
-            return None if c[1] not in svar else x[svar[c[1]]]
-        if c[0] == "s":
-            return None if c[1] not in model.s_var else x[model.s_var[c[1]]]
-        if c[0] == "r":
-            return None if c[1] not in model.r_var else x[model.r_var[c[1]]]
-        if c[1] not in model.s_var or c[2] not in model.r_var:
-            return None
-        return (x[model.s_var[c[1]]], x[model.r_var[c[2]]])
-
     for g, segs in storage_segments(problem, rows).items():
         c = q(size[g])
         if c <= 0:
             continue
         for lo, hi, active in elementary_spans(rows, g, segs):
-            lits = [lit for lit in map(var_of, active) if lit is not None]
+            conjs = [conj for conj in (condition_literals(cond, x, model) for cond in active)
+                     if conj is not None]
+            lits = [conj[0] if len(conj) == 1 else tuple(conj) for conj in conjs]
             if not lits:
                 continue
             literal = lits[0] if len(lits) == 1 and not isinstance(lits[0], tuple) else at_least_one(m, lits)

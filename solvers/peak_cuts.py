@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from .mip_model import Model
-from .peak_bound import PeakRows, elementary_spans, storage_segments, storage_vars
-from .problem import Problem
+from .peak_bound import PeakRows, condition_literals, elementary_spans, storage_segments
+from .problem import Problem, Role
 
 # values read soonest after a cut step given an N variable whatever the plans (recompute chains)
 CHAIN_WINDOW = 400
@@ -51,7 +51,6 @@ class CutContext:
         self.index = {v: i for i, v in enumerate(self.order)}
         self.first = {v: rows.span[v][0] for v in self.order if v in rows.span}
         self.last = {v: rows.span[v][1] for v in self.order if v in rows.span}
-        self.svar = storage_vars(problem, model)
         self.segments = {g: list(elementary_spans(rows, g, segs))
                          for g, segs in storage_segments(problem, rows).items()}
         self.noted: dict[int, set[str]] = {}  # cut step -> values plans there need N for
@@ -89,7 +88,6 @@ class CutContext:
         recomputed consumer not made by ``tau`` the recomputed values it feeds up to where
         the plan saves (what tells the program it is not made yet)."""
         from .liveness import backward_schedule
-        from .problem import Role
 
         problem, first, earliest = self.problem, self.first, self.rows.earliest
         r_var, users = self.model.r_var, problem.users
@@ -148,7 +146,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
                         m.add_bool_or([n_w, r(w).Not(), r(u).Not()])
                     if rows.earliest.get(u, 1 << 62) <= tau:  # else no plan makes u by tau
                         made_by.append(r(u))
-                elif problem.can_recompute(u) and by_name[u].role.value != "backward":
+                elif problem.can_recompute(u) and by_name[u].role is not Role.BACKWARD:
                     made_by = None  # a consumer with no variable: no upper bound
                     break
             if made_by is not None:  # F(w) > tau: made only for a consumer
@@ -174,7 +172,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
             for lo, hi, active in spans:
                 if lo <= tau < hi:
                     for c in active:
-                        conj = _condition(c, x, ctx.svar, model)
+                        conj = condition_literals(c, x, model)
                         if conj is not None:
                             live.setdefault(g, []).append(conj)
         terms, coefs = [], []
@@ -192,24 +190,9 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
             m.add(cp_model.LinearExpr.weighted_sum(terms, coefs) <= room)
 
 
-def _condition(c: tuple, x: list[Any], svar: dict[str, int], model: Model) -> list[Any] | None:
-    """``peak_bound``'s condition as a conjunction of literals; None without a variable."""
-    if c[0] == "y":
-        return None if c[1] not in svar else [x[svar[c[1]]]]
-    if c[0] == "s":
-        return None if c[1] not in model.s_var else [x[model.s_var[c[1]]]]
-    if c[0] == "r":
-        return None if c[1] not in model.r_var else [x[model.r_var[c[1]]]]
-    if c[1] not in model.s_var or c[2] not in model.r_var:
-        return None
-    return [x[model.s_var[c[1]]], x[model.r_var[c[2]]]]
-
-
 def simulated_by_step(problem: Problem, curve: Any) -> list[int]:
     """The simulated live bytes per backward position: the most at the position's value or at the
     recomputations just before it (where a cut row at that position is written)."""
-    from .problem import Role
-
     backward = {n.name for n in problem.nodes if n.role is Role.BACKWARD}
     out: list[int] = []
     batch = 0
