@@ -25,6 +25,7 @@ from . import interrupt
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .peak_cuts import CutContext, violated_steps
 from .peak_graft import graft_plans
+from .peak_layers import find_layers, layer_plans
 from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
                               _infeasible)
 from .peak_search import DEBUG as _DEBUG, improve_saved_sets
@@ -56,6 +57,8 @@ NEAR_FIT = 0.03
 # of the time limit they may take
 GRAFT_PLANS = 6
 GRAFT_SHARE = 0.15
+# the layer-by-layer mix of the plans seen (solvers.peak_layers): share of the time limit
+LAYERS_SHARE = 0.15
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap
 RELAX_GAP_SHARE = 0.25
 SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
@@ -284,6 +287,22 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
     shrink(False, SHRINK_SHARE, overshoot)
+    layers = find_layers(problem)
+
+    def mix_layers(seconds: float) -> None:
+        """Plans taking each repeated layer from a different plan seen so far
+        (solvers.peak_layers: a dynamic program over the chain of layers)."""
+        base = next((p.saved for p, _ in frontier if p.extra.get("every") == 1), None)
+        if layers is None or base is None or done() or left() <= 0:
+            return
+        sources = [p.saved for p, _ in seen + frontier]
+        until = time.perf_counter() + min(seconds, left())
+        for plan, _ in layer_plans(problem, layers, base, sources, peak_budget, budget, deadline=until):
+            offer(plan.saved, "layers")
+
+    # measured, 7B shape at 0.3x the min-cut peak: 243.2 ms in 2 s, where grafts and the local
+    # search reached 252.4 ms in 58 s
+    mix_layers(LAYERS_SHARE * time_limit_s)
     graft(GRAFT_SHARE * time_limit_s)
     if best_plan is None and len(problem.candidates) <= CHAINS_MAX_VALUES:
         shrink(True, SHRINK_SHARE_CHAINS, overshoot)  # a last resort for a first plan that fits
@@ -323,6 +342,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         search(max(soft - reserved, min(soft, STALL_MIN_S)), STALL_SHARE * time_limit_s, [])
     if best_plan is None and left() > 0:
         search(left(), STALL_SHARE * (hard_deadline - start), [found.saved] if found is not None else [])
+    mix_layers(LAYERS_SHARE * time_limit_s)  # with the layers of the search's plans too
     cut_rounds(left(), relaxed_curve)
     elapsed = time.perf_counter() - start
     if best_plan is None:

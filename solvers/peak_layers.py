@@ -1,0 +1,257 @@
+"""Plans mixed layer by layer: each repeated layer takes its decisions from a different plan.
+
+Along the backward of a chain of layers, the memory at layer l's backward is roughly what no plan
+changes (gradients of the layers done so far, the backward's own buffers), plus what the layers
+before l saved (still waiting for their backward), plus l's own working set (its saved values and
+what it recomputes). That is a sum over a prefix of the chain: Rockmate's and rotor's dynamic
+program over the chain of blocks. Here:
+
+* ``find_layers``: the repeated layers of the graph (``solvers.symmetry``'s classes), each a list
+  of values by position, positions that agree in op and bytes across the layers;
+* the options: every distinct layer of the plans the solve has seen (the relaxation's at several
+  budgets, min-cut's, checkpointing's, the search's), each with the layer's input kept (what the
+  checkpoint-every-layer plan saves in it), so that a layer recomputes from its own input and the
+  layers stay separate;
+* each option's effect, measured by the exact simulation once, on one probe layer of the
+  checkpoint-every-layer plan: the change of the recompute cost, of the layer's own backward peak,
+  and of every later layer's (the bytes it holds);
+* a dynamic program over the layers in forward order, its state the bytes held by the layers so far
+  (rounded up), for the least cost whose modelled peak fits; its plan is simulated exactly and the
+  program re-solved at a budget lowered by what it overshoots.
+
+The model is a guide: only plans the simulation says fit are returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+from .liveness import MemoryCurve, simulate_plan
+from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
+
+# at most this many options (distinct layers) are measured, the most frequent first
+MAX_OPTIONS = 60
+# the dynamic program's state: bytes held, in units of the budget / STATE_UNITS (rounded up)
+STATE_UNITS = 4000
+# solves of the dynamic program at budgets moved by what its plans miss the simulation by
+RESOLVES = 10
+MIN_LAYERS = 4
+
+
+@dataclass(frozen=True)
+class Layers:
+    slots: tuple[tuple[str, ...], ...]  # per layer (forward order), its values by position
+    layer_of: dict[str, int]  # every forward-side value from the first layer on -> its layer
+
+
+def find_layers(problem: Problem) -> Layers | None:
+    """The graph's repeated layers (at least ``MIN_LAYERS``), or None."""
+    from .symmetry import repeated_classes
+
+    classes = repeated_classes(problem)
+    members: dict[int, list[int]] = {}
+    for i, n in enumerate(problem.nodes):
+        if n.role in (Role.FORWARD, Role.EITHER):
+            members.setdefault(classes[i], []).append(i)
+    sizes = Counter(len(m) for m in members.values() if len(m) > 1)
+    if not sizes:
+        return None
+    n_layers = max(sizes, key=lambda k: (sizes[k], k))
+    if n_layers < MIN_LAYERS:
+        return None
+    # a layer starts at the first value of the earliest class with one member per layer
+    starts = min((m for m in members.values() if len(m) == n_layers), key=lambda m: m[0])
+    segments: list[list[str]] = [[] for _ in range(n_layers)]
+    layer_of: dict[str, int] = {}
+    for i, n in enumerate(problem.nodes):
+        if n.role in (Role.FORWARD, Role.EITHER) and i >= starts[0]:
+            layer = bisect.bisect_right(starts, i) - 1
+            segments[layer].append(n.name)
+            layer_of[n.name] = layer
+    width = min(len(s) for s in segments)
+    by_name = problem.by_name
+
+    def label(v: str) -> tuple:
+        node = by_name[v]
+        return node.op, node.bytes, node.role, node.storage_id == v, problem.can_save(v)
+
+    kept = [i for i in range(width) if len({label(s[i]) for s in segments}) == 1]
+    if not kept:
+        return None
+    return Layers(tuple(tuple(s[i] for i in kept) for s in segments), layer_of)
+
+
+def _layer_peaks(problem: Problem, layers: Layers, curve: MemoryCurve) -> list[int]:
+    """The most live bytes during each layer's backward (its recomputation included)."""
+    by_name, layer_of = problem.by_name, layers.layer_of
+    out = [0] * len(layers.slots)
+    current, pending = None, 0
+    for phase, name, live in curve.steps:
+        if phase != "backward":
+            continue
+        pending = max(pending, live)
+        if by_name[name].role is not Role.BACKWARD:
+            continue  # a recomputation: counted with the backward value it is made for
+        read = [layer_of[u] for u in by_name[name].inputs if u in layer_of]
+        if read:
+            current = max(read)
+        if current is not None:
+            out[current] = max(out[current], pending)
+        pending = 0
+    return out
+
+
+@dataclass(frozen=True)
+class _Option:
+    positions: frozenset[int]
+    cost: float  # change of the plan's recompute cost
+    own: int  # change of the layer's own backward peak
+    held: int  # change of the later layers' backward peaks and of the forward's peak
+
+
+class _Chain:
+    """Plans made of one option per layer over a base plan, and their simulation."""
+
+    def __init__(self, problem: Problem, layers: Layers, base: frozenset[str]) -> None:
+        self.problem, self.layers = problem, layers
+        mapped = {v for s in layers.slots for v in s}
+        self.fixed = frozenset(v for v in base if v not in mapped)
+        self.base = [self.option_of(base, layer) for layer in range(len(layers.slots))]
+
+    def option_of(self, saved: frozenset[str], layer: int) -> frozenset[int]:
+        return frozenset(i for i, v in enumerate(self.layers.slots[layer]) if v in saved)
+
+    def saved(self, choice: list[frozenset[int]]) -> set[str]:
+        out = set(self.fixed)
+        for layer, positions in enumerate(choice):
+            out.update(self.layers.slots[layer][i] for i in positions)
+        return out
+
+    def run(self, choice: list[frozenset[int]]) -> tuple[Plan, MemoryCurve] | None:
+        try:
+            plan = plan_from_saved(self.problem, self.saved(choice), solver="layers",
+                                   status=Status.HEURISTIC)
+        except PlanError:
+            return None
+        return plan, simulate_plan(self.problem, plan.saved)
+
+
+def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: Iterable[Iterable[str]],
+                peak_budget: int, budget: int | None = None, *,
+                deadline: float) -> list[tuple[Plan, int]]:
+    """Plans with one option per layer (see the module doc), each simulated, those that fit
+    (the peak budget and the saved-bytes ``budget``) with their peaks. ``base``: the
+    checkpoint-every-layer plan's saved set (each layer recomputes from its own input)."""
+    chain = _Chain(problem, layers, frozenset(base))
+    n_layers = len(layers.slots)
+    probe = n_layers // 2
+    keep = chain.base[probe]  # the layer's input, as checkpointing keeps it
+    counts: Counter[frozenset[int]] = Counter()
+    for saved in plans:
+        saved = frozenset(saved)
+        for layer in range(n_layers):
+            counts[chain.option_of(saved, layer) | keep] += 1
+    ref = chain.run(chain.base)
+    if ref is None:
+        return []
+    ref_plan, ref_curve = ref
+    ref_peaks = _layer_peaks(problem, layers, ref_curve)
+    ref_forward = ref_curve.forward_peak
+    options = [_Option(keep, 0.0, 0, 0)]
+    for positions, _ in counts.most_common(MAX_OPTIONS):
+        if time.perf_counter() >= deadline:
+            break
+        if positions == keep:
+            continue
+        choice = list(chain.base)
+        choice[probe] = positions
+        got = chain.run(choice)
+        if got is None:
+            continue
+        plan, curve = got
+        peaks = _layer_peaks(problem, layers, curve)
+        later = [peaks[k] - ref_peaks[k] for k in range(probe + 1, n_layers)]
+        held = max([curve.forward_peak - ref_forward] + later)
+        options.append(_Option(positions, plan.recompute_cost - ref_plan.recompute_cost,
+                               peaks[probe] - ref_peaks[probe], held))
+    # options no other beats on cost, own peak and bytes held
+    options = [o for o in options if not any(
+        p is not o and p.cost <= o.cost and p.own <= o.own and p.held <= o.held
+        and (p.cost, p.own, p.held) != (o.cost, o.own, o.held) for p in options)]
+    unit = max(1, peak_budget // STATE_UNITS)
+    out: list[tuple[Plan, int]] = []
+    # the model is not exact: bisect its budget between the highest whose plan fit and the lowest
+    # whose plan overshot (starting at the peak budget, moved by each plan's miss)
+    target, fit_at, over_at = peak_budget, None, None
+    seen: set[tuple[frozenset[int], ...]] = set()
+    for _ in range(RESOLVES):
+        if time.perf_counter() >= deadline:
+            break
+        choice = _best_chain(options, ref_peaks, ref_forward, target, unit)
+        got = None if choice is None or tuple(choice) in seen else chain.run(choice)
+        if choice is not None:
+            seen.add(tuple(choice))
+        fits = got is not None and got[1].peak <= peak_budget and (
+            budget is None or got[0].saved_bytes <= budget)
+        if fits:
+            out.append((got[0], got[1].peak))
+            fit_at = target
+        else:
+            over_at = target
+        if fit_at is not None and over_at is not None:
+            if over_at - fit_at <= 2 * unit:
+                break
+            target = (fit_at + over_at) // 2
+        elif got is not None:
+            target += max(abs(peak_budget - got[1].peak), unit) * (1 if fits else -1)
+        else:
+            target += (1 if fits else -1) * max(unit, peak_budget // 50)
+    return out
+
+
+def _best_chain(options: list[_Option], ref_peaks: list[int], ref_forward: int, target: int,
+                unit: int) -> list[frozenset[int]] | None:
+    """The least-cost option per layer whose modelled peaks fit ``target``: layer l's backward at
+    ``ref_peaks[l]`` + the bytes held by the layers before it + its own change; the forward's peak
+    at ``ref_forward`` + the bytes held by all."""
+    # state: bytes held so far in units (rounded up) -> (cost, previous state, option index)
+    frontier: dict[int, tuple[float, int | None, int | None]] = {0: (0.0, None, None)}
+    history: list[dict[int, tuple[float, int | None, int | None]]] = []
+    held_units = [-(-o.held // unit) for o in options]
+    for layer_peak in ref_peaks:
+        nxt: dict[int, tuple[float, int | None, int | None]] = {}
+        for state, (cost, _, _) in frontier.items():
+            room = target - layer_peak - state * unit
+            for j, o in enumerate(options):
+                if o.own > room:
+                    continue
+                s = state + held_units[j]
+                c = cost + o.cost
+                if s not in nxt or c < nxt[s][0]:
+                    nxt[s] = (c, state, j)
+        # keep the states no smaller state beats on cost
+        pruned: dict[int, tuple[float, int | None, int | None]] = {}
+        best = float("inf")
+        for s in sorted(nxt):
+            if nxt[s][0] < best - 1e-15:
+                pruned[s] = nxt[s]
+                best = nxt[s][0]
+        if not pruned:
+            return None
+        history.append(pruned)
+        frontier = pruned
+    ends = [(cost, s) for s, (cost, _, _) in frontier.items() if ref_forward + s * unit <= target]
+    if not ends:
+        return None
+    _, state = min(ends)
+    choice: list[frozenset[int]] = []
+    for table in reversed(history):
+        _, prev, j = table[state]
+        choice.append(options[j].positions)
+        state = prev
+    choice.reverse()
+    return choice
