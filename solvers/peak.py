@@ -9,8 +9,9 @@ with recomputation just in time; values freed after their last use). ``solve_pea
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
   budgets (when nothing fits, on graphs of moderate size, with recompute chains,
   ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
-  checkpointing, callers' plans); grafts of the cheaper plans that overshoot onto the best one
-  that fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
+  checkpointing, callers' plans); on graphs of repeated layers, a dynamic program over the layers
+  taking each from a different plan (``solvers.peak_layers``); grafts of the cheaper plans that
+  overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
   local search of ``solvers.peak_search`` from all, until it stalls;
 * it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
 """
@@ -86,8 +87,9 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot;
        every plan the project can make cheaply (min-cut across its trade-off, checkpointing every
        k-th residual value, ``hint_saved`` and ``candidates`` such as torch's or the default
-       plan); grafts of the cheaper plans that overshoot onto the best that fits
-       (``solvers.peak_graft``); when none fits yet, on graphs of moderate size, the relaxation
+       plan); on graphs of repeated layers, each layer from a different plan seen
+       (``solvers.peak_layers``); grafts of the cheaper plans that overshoot onto the best that
+       fits (``solvers.peak_graft``); when none fits yet, on graphs of moderate size, the relaxation
        with recompute chains; on small graphs the stage model below; then the local search of
        ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
        nothing 0.3% better for ``STALL_SHARE`` of the time limit.
