@@ -11,8 +11,8 @@ with recomputation just in time; values freed after their last use). ``solve_pea
   ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
   checkpointing, callers' plans); on graphs of repeated layers, a dynamic program over the layers
   taking each from a different plan (``solvers.peak_layers``); grafts of the cheaper plans that
-  overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
-  local search of ``solvers.peak_search`` from all, until it stalls;
+  overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model
+  (``solvers.peak_stages``); the local search of ``solvers.peak_search`` from all, until it stalls;
 * it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
 """
 

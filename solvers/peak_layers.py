@@ -6,8 +6,8 @@ before l saved (still waiting for their backward), plus l's own working set (its
 what it recomputes). That is a sum over a prefix of the chain: Rockmate's and rotor's dynamic
 program over the chain of blocks. Here:
 
-* ``find_layers``: the repeated layers of the graph (``solvers.symmetry``'s classes), each a list
-  of values by position, positions that agree in op and bytes across the layers;
+* ``find_layers``: the repeated layers of the graph (``solvers.symmetry``'s groups), each a list
+  of values by position, positions that agree in op, bytes, role and saveability across the layers;
 * the options: every distinct layer of the plans the solve has seen (the relaxation's at several
   budgets, min-cut's, checkpointing's, the search's), each with the layer's input kept (what the
   checkpoint-every-layer plan saves in it), so that a layer recomputes from its own input and the
@@ -17,7 +17,7 @@ program over the chain of blocks. Here:
   and of every later layer's (the bytes it holds);
 * a dynamic program over the layers in forward order, its state the bytes held by the layers so far
   (rounded up), for the least cost whose modelled peak fits; its plan is simulated exactly and the
-  program re-solved at a budget lowered by what it overshoots.
+  program's budget bisected between where its plan fit and where it overshot.
 
 The model is a guide: only plans the simulation says fit are returned.
 """
@@ -50,21 +50,15 @@ class Layers:
 
 def find_layers(problem: Problem) -> Layers | None:
     """The graph's repeated layers (at least ``MIN_LAYERS``), or None."""
-    from .symmetry import repeated_classes
+    from .symmetry import find_repeated
 
-    classes = repeated_classes(problem)
-    members: dict[int, list[int]] = {}
-    for i, n in enumerate(problem.nodes):
-        if n.role in (Role.FORWARD, Role.EITHER):
-            members.setdefault(classes[i], []).append(i)
-    sizes = Counter(len(m) for m in members.values() if len(m) > 1)
-    if not sizes:
-        return None
-    n_layers = max(sizes, key=lambda k: (sizes[k], k))
+    sym = find_repeated(problem)
+    n_layers = sym.layers
     if n_layers < MIN_LAYERS:
         return None
     # a layer starts at the first value of the earliest class with one member per layer
-    starts = min((m for m in members.values() if len(m) == n_layers), key=lambda m: m[0])
+    index = problem.index
+    starts = min(([index[v] for v in g] for g in sym.groups if len(g) == n_layers), key=lambda m: m[0])
     segments: list[list[str]] = [[] for _ in range(n_layers)]
     layer_of: dict[str, int] = {}
     for i, n in enumerate(problem.nodes):

@@ -51,9 +51,8 @@ def _label(problem: Problem, name: str) -> tuple:
             name in problem.backward_outputs, problem.counts_memory(g))
 
 
-def repeated_classes(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: int = 4) -> list[int]:
-    """Per node (graph order), the id of its class: nodes at the same position of repeated layers
-    share one, backward nodes included (see the module doc)."""
+def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: int = 4) -> Symmetry:
+    """Groups of candidate values that repeated layers make interchangeable (see the module doc)."""
     names = [n.name for n in problem.nodes]
     palette: dict[tuple, int] = {}
     colour = {v: palette.setdefault(_label(problem, v), len(palette)) for v in names}
@@ -77,16 +76,10 @@ def repeated_classes(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods
         for i in range(len(seq) - period):
             if seq[i] == seq[i + period]:
                 sets.union(i, i + period)
-    return [sets.find(i) for i in range(len(names))]
-
-
-def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: int = 4) -> Symmetry:
-    """Groups of candidate values that repeated layers make interchangeable (see the module doc)."""
-    classes = repeated_classes(problem, rounds, max_periods)
     members: dict[int, list[str]] = {}
     for i, node in enumerate(problem.nodes):
         if node.role in (Role.FORWARD, Role.EITHER):
-            members.setdefault(classes[i], []).append(node.name)
+            members.setdefault(sets.find(i), []).append(node.name)
     groups = [g for g in members.values() if len(g) > 1]
     sizes = Counter(len(g) for g in groups)
     layers = max(sizes, key=lambda k: (sizes[k], k)) if sizes else 1
