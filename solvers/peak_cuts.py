@@ -207,11 +207,11 @@ def simulated_by_step(problem: Problem, curve: Any) -> list[int]:
 
 
 def violated_steps(problem: Problem, curve: Any, peak_budget: int, count: int = 4,
-                   apart: int = 40) -> list[int]:
-    """Up to ``count`` backward positions where the plan's simulation exceeds the budget most,
-    at least ``apart`` positions from each other."""
+                   apart: int = 40, skip: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """Up to ``count`` backward positions not in ``skip`` (steps cut already) where the plan's
+    simulation exceeds the budget most, at least ``apart`` positions from each other."""
     by_step = simulated_by_step(problem, curve)
-    ranked = sorted((live, k) for k, live in enumerate(by_step) if live > peak_budget)
+    ranked = sorted((live, k) for k, live in enumerate(by_step) if live > peak_budget and k not in skip)
     out: list[int] = []
     for live, k in reversed(ranked):
         if all(abs(k - j) >= apart for j in out):
