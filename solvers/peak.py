@@ -100,7 +100,9 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        nothing 0.3% better for ``STALL_SHARE`` of the time limit.
     3. Cutting planes raise the bound: rows at the steps where the relaxation's plan overshoots
        the simulation, counting what recompute chains keep live there (``solvers.peak_cuts``);
-       their plans are grafted too, and re-solved below the budget when they nearly fit.
+       their plans are grafted too, and re-solved below the budget when they nearly fit. Once a
+       plan fits, a first turn of rounds runs before the local search (which starts from their
+       plans too), the rest after it.
     The solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with
     the graph (``FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``, all of
     it while no plan fits. Raises PeakInfeasibleError

@@ -231,3 +231,25 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
                                               fixed=fixed).status == "infeasible"
     assert total > 100
     assert refused >= refused_plain + 0.1 * total, (refused, refused_plain, total)  # measured: 141 vs 112 of 235
+
+
+def test_violated_steps_skip_the_steps_cut_already():
+    # the cut rounds go on past the steps they cut: with those skipped, the next-worst steps
+    # over the budget come back, each over it, in order of overshoot
+    from solvers.peak_cuts import simulated_by_step, violated_steps
+    checked = 0
+    for seed in range(30):
+        p = _problem(seed)
+        curve = simulate_plan(p, ())
+        by_step = simulated_by_step(p, curve)
+        budget = sorted(by_step)[len(by_step) // 3]
+        over = [k for k, live in enumerate(by_step) if live > budget]
+        if len(over) < 2:
+            continue
+        first = violated_steps(p, curve, budget, count=1, apart=0)
+        rest = violated_steps(p, curve, budget, count=len(over), apart=0, skip=set(first))
+        assert first and first[0] not in rest
+        assert sorted(first + rest) == over
+        assert all(by_step[a] >= by_step[b] for a, b in zip(rest, rest[1:]))
+        checked += 1
+    assert checked > 10
