@@ -181,18 +181,21 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     # the model is not exact: bisect its budget between the highest whose plan fit and the lowest
     # whose plan overshot (starting at the peak budget, moved by each plan's miss)
     target, fit_at, over_at = peak_budget, None, None
-    seen: set[tuple[frozenset[int], ...]] = set()
+    # each chain simulated once: a chain the program returns again keeps its verdict
+    seen: dict[tuple[frozenset[int], ...], tuple[Plan, MemoryCurve] | None] = {}
     for _ in range(RESOLVES):
         if time.perf_counter() >= deadline:
             break
         choice = _best_chain(options, ref_peaks, ref_forward, target, unit)
-        got = None if choice is None or tuple(choice) in seen else chain.run(choice)
-        if choice is not None:
-            seen.add(tuple(choice))
+        again = choice is not None and tuple(choice) in seen
+        if choice is not None and not again:
+            seen[tuple(choice)] = chain.run(choice)
+        got = None if choice is None else seen[tuple(choice)]
         fits = got is not None and got[1].peak <= peak_budget and (
             budget is None or got[0].saved_bytes <= budget)
         if fits:
-            out.append((got[0], got[1].peak))
+            if not again:
+                out.append((got[0], got[1].peak))
             fit_at = target
         else:
             over_at = target
