@@ -60,12 +60,17 @@ CUT_FIRST_SHARE = 0.35
 CUT_FIRST_NO_PLAN_SHARE = 0.12
 # a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
 NEAR_FIT = 0.03
+NEAR_FIT_SOLVES = 3  # re-solves per such plan (bisecting the lowered budget)
 # grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
 # of the time limit they may take
 GRAFT_PLANS = 6
 GRAFT_SHARE = 0.15
 # the layer-by-layer mix of the plans seen (solvers.peak_layers): share of the time limit
 LAYERS_SHARE = 0.15
+# ... with the layers of the relaxation's plans at these multiples of the peak budget too
+# (measured, 7B shape: ...)
+LAYERS_RELAX_LOOSER = (1.5, 2.0, 2.7, 3.3)
+LAYERS_RELAX_SHARE = 0.03  # each
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap
 RELAX_GAP_SHARE = 0.25
 SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
@@ -171,6 +176,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None), False,
                                   peak_lower_bound(problem), infeasible_proven=True)
     lower = relaxed.bound or 0.0
+    first_relaxed = relaxed
     tried: list[frozenset[str]] = []
     last_curve: list = [None]  # the simulation of the last plan offered
     seen: list[tuple[Plan, int]] = []  # every plan offered, with its simulated peak
@@ -261,6 +267,27 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # so each re-solve's bound is a bound; their plans are offered too), until its plan fits, the
     # steps repeat or the time is spent. Last: a cut at a few steps moves the relaxation's
     # overshoot to other steps, so its plans are rarely the ones that fit.
+    def near_fit(over: int, until: float) -> None:
+        low, high, target = None, peak_budget, peak_budget - over
+        for _ in range(NEAR_FIT_SOLVES):
+            if time.perf_counter() >= until - 0.5 or done() or target <= 0:
+                break
+            lowered = relax(target, min(until - time.perf_counter(), left()))
+            peak = None if lowered.saved is None else offer(
+                lowered.saved, "relaxation with cuts, lowered budget")
+            if peak is None and lowered.status != "infeasible":
+                break
+            if peak is None or peak <= peak_budget:
+                low = target
+            else:
+                high = target
+            if low is None:
+                target -= peak - peak_budget
+            elif high - low <= peak_budget // 1000:
+                break
+            else:
+                target = (low + high) // 2
+
     cut_from = [None]  # the last cut round's plan and simulation: the next round goes on from it
 
     def cut_rounds(seconds: float, start_from) -> None:
@@ -298,15 +325,17 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             over = 0 if current is None else current[1].peak - peak_budget
             if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not done():
                 # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
-                # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound)
-                lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
-                if lowered.saved is not None:
-                    offer(lowered.saved, "relaxation with cuts, lowered budget")
+                # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound), then
+                # bisected between the highest lowered budget that fit (or admits no plan) and
+                # the lowest whose plan overshot
+                near_fit(over, until)
             if over > 0:
                 graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
     shrink(False, SHRINK_SHARE, overshoot)
     layers = find_layers(problem)
+
+    looser: list[frozenset[str]] = []
 
     def mix_layers(seconds: float) -> None:
         """Plans taking each repeated layer from a different plan seen so far
@@ -314,9 +343,19 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         base = next((p.saved for p, _ in frontier if p.extra.get("every") == 1), None)
         if layers is None or base is None or done() or left() <= 0:
             return
-        sources = [p.saved for p, _ in seen + frontier]
+        if not looser:  # layers to mix in from the relaxation at looser budgets, solved once
+            for factor in LAYERS_RELAX_LOOSER:
+                again = relax(int(factor * peak_budget), min(LAYERS_RELAX_SHARE * time_limit_s, left()))
+                if again.saved is not None:
+                    looser.append(frozenset(again.saved))
         until = time.perf_counter() + min(seconds, left())
-        for plan, _ in layer_plans(problem, layers, base, sources, peak_budget, budget, deadline=until):
+        # the frontier's and the looser relaxations' layers also on their own (measured, 7B
+        # shape at 0.3x: 261.0 ms with the relaxation's lowered-budget plans, 236.1 without: the
+        # relaxation's plan at the budget and the frontier)
+        trusted = [p.saved for p, _ in frontier] + looser + (
+            [frozenset(first_relaxed.saved)] if first_relaxed.saved is not None else [])
+        for plan, _ in layer_plans(problem, layers, base, [p.saved for p, _ in seen], peak_budget,
+                                   budget, deadline=until, apart=[trusted]):
             offer(plan.saved, "layers")
 
     # measured, 7B shape at 0.3x the min-cut peak: 243.2 ms in 2 s, where grafts and the local
