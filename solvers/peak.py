@@ -60,7 +60,6 @@ CUT_FIRST_SHARE = 0.35
 CUT_FIRST_NO_PLAN_SHARE = 0.12
 # a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
 NEAR_FIT = 0.03
-NEAR_FIT_SOLVES = 3  # re-solves per such plan (bisecting the lowered budget)
 # grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
 # of the time limit they may take
 GRAFT_PLANS = 6
@@ -71,6 +70,7 @@ LAYERS_SHARE = 0.15
 # (measured, 7B shape: ...)
 LAYERS_RELAX_LOOSER = (1.5, 2.0, 2.7, 3.3)
 LAYERS_RELAX_SHARE = 0.03  # each
+LAYERS_MAX_COST_RATIO = 3.0  # ... only while checkpointing every layer costs at most this x the bound
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap
 RELAX_GAP_SHARE = 0.25
 SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
@@ -267,27 +267,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # so each re-solve's bound is a bound; their plans are offered too), until its plan fits, the
     # steps repeat or the time is spent. Last: a cut at a few steps moves the relaxation's
     # overshoot to other steps, so its plans are rarely the ones that fit.
-    def near_fit(over: int, until: float) -> None:
-        low, high, target = None, peak_budget, peak_budget - over
-        for _ in range(NEAR_FIT_SOLVES):
-            if time.perf_counter() >= until - 0.5 or done() or target <= 0:
-                break
-            lowered = relax(target, min(until - time.perf_counter(), left()))
-            peak = None if lowered.saved is None else offer(
-                lowered.saved, "relaxation with cuts, lowered budget")
-            if peak is None and lowered.status != "infeasible":
-                break
-            if peak is None or peak <= peak_budget:
-                low = target
-            else:
-                high = target
-            if low is None:
-                target -= peak - peak_budget
-            elif high - low <= peak_budget // 1000:
-                break
-            else:
-                target = (low + high) // 2
-
     cut_from = [None]  # the last cut round's plan and simulation: the next round goes on from it
 
     def cut_rounds(seconds: float, start_from) -> None:
@@ -325,10 +304,11 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             over = 0 if current is None else current[1].peak - peak_budget
             if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not done():
                 # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
-                # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound), then
-                # bisected between the highest lowered budget that fit (or admits no plan) and
-                # the lowest whose plan overshot
-                near_fit(over, until)
+                # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound; bisecting
+                # further, tried, took the time of the cut rounds that raise the bound)
+                lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
+                if lowered.saved is not None:
+                    offer(lowered.saved, "relaxation with cuts, lowered budget")
             if over > 0:
                 graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
@@ -340,9 +320,14 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     def mix_layers(seconds: float) -> None:
         """Plans taking each repeated layer from a different plan seen so far
         (solvers.peak_layers: a dynamic program over the chain of layers)."""
-        base = next((p.saved for p, _ in frontier if p.extra.get("every") == 1), None)
-        if layers is None or base is None or done() or left() <= 0:
+        every = next((p for p, _ in frontier if p.extra.get("every") == 1), None)
+        # where checkpointing every layer costs far more than the bound, the savings are not in
+        # the layers (measured, 32-layer small LLaMA at 0.6x/0.8x: 5x/11x; its mixes' 10 s
+        # delayed the cut rounds: gaps 0.35/0.30% -> 2.3/2.3%; 7B at 0.3x-0.6x: 1.3x-2.3x)
+        if layers is None or every is None or done() or left() <= 0 \
+                or every.recompute_cost > LAYERS_MAX_COST_RATIO * lower:
             return
+        base = every.saved
         if not looser:  # layers to mix in from the relaxation at looser budgets, solved once
             for factor in LAYERS_RELAX_LOOSER:
                 again = relax(int(factor * peak_budget), min(LAYERS_RELAX_SHARE * time_limit_s, left()))
