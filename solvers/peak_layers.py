@@ -9,15 +9,16 @@ program over the chain of blocks. Here:
 * ``find_layers``: the repeated layers of the graph (``solvers.symmetry``'s groups), each a list
   of values by position, positions that agree in op, bytes, role and saveability across the layers;
 * the options: every distinct layer of the plans the solve has seen (the relaxation's at several
-  budgets, min-cut's, checkpointing's, the search's), each with the layer's input kept (what the
-  checkpoint-every-layer plan saves in it), so that a layer recomputes from its own input and the
-  layers stay separate;
+  budgets, min-cut's, checkpointing's, the search's), each with what the checkpoint-every-layer
+  plan keeps in the layer, and each with the layer's output alone, so that a layer recomputes
+  from its own input and the layers stay separate;
 * each option's effect, measured by the exact simulation once, on one probe layer of the
   checkpoint-every-layer plan: the change of the recompute cost, of the layer's own backward peak,
-  and of every later layer's (the bytes it holds);
+  and of every later layer's (the bytes it holds); and again on the last layer, for the last;
 * a dynamic program over the layers in forward order, its state the bytes held by the layers so far
   (rounded up), for the least cost whose modelled peak fits; its plan is simulated exactly and the
-  program's budget bisected between where its plan fit and where it overshot.
+  program's budget bisected between where its plan fit and where it overshot; with all options,
+  then with each group of plans' options on their own (``apart``).
 
 The model is a guide: only plans the simulation says fit are returned.
 """
