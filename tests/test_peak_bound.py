@@ -230,7 +230,9 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
             refused_plain += solve_relaxation(p, model, rows, peak - 1, time_limit_s=5, chains=False,
                                               fixed=fixed).status == "infeasible"
     assert total > 100
-    assert refused >= refused_plain + 0.1 * total, (refused, refused_plain, total)  # measured: 141 vs 112 of 235
+    # measured: 157 vs 112 of 235 (141 before the rows counted a value made by the step for a
+    # recomputation after it)
+    assert refused >= refused_plain + 0.17 * total, (refused, refused_plain, total)
 
 
 def test_violated_steps_skip_the_steps_cut_already():
