@@ -67,7 +67,7 @@ GRAFT_SHARE = 0.15
 # the layer-by-layer mix of the plans seen (solvers.peak_layers): share of the time limit
 LAYERS_SHARE = 0.15
 # ... with the layers of the relaxation's plans at these multiples of the peak budget too
-# (measured, 7B shape: ...)
+# (measured, 7B shape at 0.45x: 181.6 -> 178.9 ms)
 LAYERS_RELAX_LOOSER = (1.5, 2.0, 2.7, 3.3)
 LAYERS_RELAX_SHARE = 0.03  # each
 LAYERS_MAX_COST_RATIO = 3.0  # ... only while checkpointing every layer costs at most this x the bound

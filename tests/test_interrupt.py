@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -71,20 +73,37 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
         verify: {gradients: false, measure_memory: false}
         output: {dir: out, formats: [json]}
     """)
-    # a peak budget halfway between the floor and save-all's peak: CP-SAT searches it for 40 s+
-    # (found here, where torch is imported already, not in a process of its own)
+    # a peak budget between the floor and save-all's peak that the peak solve does not settle
+    # within 4 s, so that the Ctrl-C lands inside it (found here, where torch is imported
+    # already, not in a process of its own; as the solver improves, budgets it settles fast move
+    # closer to the floor: halfway took 40 s+, then 1 s once the cut rows counted values made
+    # for later recomputations)
     from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
+    from solvers.peak import PeakInfeasibleError, solve_peak
     from solvers.registry import solve
 
     (tmp_path / "run.yaml").write_text(config.replace(", PEAK", ""))
     problem = materialize(load_config(tmp_path / "run.yaml")).problem
     top = simulate_plan(problem, solve(problem, "save-all", None).saved).peak
-    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % ((peak_lower_bound(problem) + top) // 2)))
+    floor = peak_lower_bound(problem)
+    for share in (0.5, 0.25, 0.1, 0.05):
+        peak = floor + int(share * (top - floor))
+        start = time.monotonic()
+        try:
+            solve_peak(problem, peak, time_limit_s=4.0)
+        except PeakInfeasibleError:
+            pass
+        if time.monotonic() - start >= 3.9:
+            break
+    else:
+        pytest.fail("every peak budget tried was settled within 4 s: no long solve to interrupt")
+    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % peak))
 
     proc = _start(["-m", "opt_remat.cli", "run", "run.yaml"], tmp_path)
     _wait_for(proc, "[3/4]")  # the last pair, the long peak solve, has started
-    time.sleep(3)
+    # soon: at a budget no plan meets, the cut rounds can prove it within seconds
+    time.sleep(1)
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
