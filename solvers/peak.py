@@ -315,11 +315,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     shrink(False, SHRINK_SHARE, overshoot)
     layers = find_layers(problem)
 
-    looser: list[frozenset[str]] = []
+    looser: list[frozenset[str]] | None = None  # solved at the first mix
 
     def mix_layers(seconds: float) -> None:
         """Plans taking each repeated layer from a different plan seen so far
         (solvers.peak_layers: a dynamic program over the chain of layers)."""
+        nonlocal looser
         every = next((p for p, _ in frontier if p.extra.get("every") == 1), None)
         # where checkpointing every layer costs far more than the bound, the savings are not in
         # the layers (measured, 32-layer small LLaMA at 0.6x/0.8x: 5x/11x; its mixes' 10 s
@@ -328,7 +329,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 or every.recompute_cost > LAYERS_MAX_COST_RATIO * lower:
             return
         base = every.saved
-        if not looser:  # layers to mix in from the relaxation at looser budgets, solved once
+        if looser is None:  # layers to mix in from the relaxation at looser budgets, solved once
+            looser = []
             for factor in LAYERS_RELAX_LOOSER:
                 again = relax(int(factor * peak_budget), min(LAYERS_RELAX_SHARE * time_limit_s, left()))
                 if again.saved is not None:

@@ -145,7 +145,6 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     is a model: one option that misleads it can spoil every plan it makes)."""
     plans = [frozenset(saved) for saved in plans]
     groups = [[frozenset(saved) for saved in group] for group in apart]
-    plans += [saved for group in groups for saved in group]
     chain = _Chain(problem, layers, frozenset(base))
     n_layers = len(layers.slots)
     probe = n_layers // 2
@@ -154,6 +153,7 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     following = set(layers.slots[probe + 1]) if probe + 1 < n_layers else set()
     boundary = frozenset(i for i in keep
                          if any(u in following for u in problem.users[layers.slots[probe][i]]))
+
     def options_of(saved: frozenset[str]) -> list[frozenset[int]]:
         # with all that checkpointing keeps, and with the layer's output alone (measured, 7B
         # shape: 243.2 -> 238.6 ms at 0.3x, 185.5 -> 182.1 ms at 0.45x)
@@ -163,12 +163,15 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     counts: Counter[frozenset[int]] = Counter()
     for saved in plans:
         counts.update(options_of(saved))
+    group_options = [[o for saved in group for o in options_of(saved)] for group in groups]
+    for mine in group_options:
+        counts.update(mine)
     ref = chain.run(chain.base)
     if ref is None:
         return []
     measure = _Measure(problem, layers, chain, probe, ref)
     # the groups' options first: each group's program needs all of its own
-    in_groups = dict.fromkeys(o for group in groups for saved in group for o in options_of(saved))
+    in_groups = dict.fromkeys(o for mine in group_options for o in mine)
     common = list(dict.fromkeys([*in_groups, *(p for p, _ in counts.most_common(MAX_OPTIONS))]))
     common = [p for p in common if p != keep][:max(MAX_OPTIONS, len(in_groups))]
     options = [_Option(keep, 0.0, 0, 0)] + measure.all(common, deadline)
@@ -183,8 +186,8 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     # (tried: then one position more or less in the options the best chain used; at the 7B
     # shape 0.1% cheaper at 0.45x in 17 s more, 9% costlier at 0.3x: the model misleads)
     _bisect(chain, measure, _pareto(options), _pareto(last), peak_budget, budget, deadline, out)
-    for group in groups:
-        mine = {keep, last_base} | {o for saved in group for o in options_of(saved)}
+    for mine in map(set, group_options):
+        mine |= {keep, last_base}
         _bisect(chain, measure, _pareto([o for o in options if o.positions in mine]),
                 _pareto([o for o in last if o.positions in mine]), peak_budget, budget, deadline, out)
     return out
