@@ -28,7 +28,8 @@ from opt_remat.report import table
 from opt_remat.torch_reference import torch_plan
 from solvers.budget import format_bytes
 from solvers.mincut import solve_mincut
-from solvers.peak import PeakInfeasibleError, mincut_under_peak
+from solvers.peak import PeakInfeasibleError
+from solvers.peak_candidates import mincut_under_peak
 from solvers.registry import solve
 
 

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from solvers import InfeasibleError, Plan, Problem, Status, check_plan, interrupt
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.mincut import lam_range, solve_mincut
-from solvers.peak import PeakInfeasibleError, mincut_under_peak, solve_peak
+from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.peak_candidates import mincut_under_peak
 from solvers.registry import solve
 
 

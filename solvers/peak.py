@@ -27,8 +27,7 @@ from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .peak_cuts import CutContext, violated_steps
 from .peak_graft import graft_plans
 from .peak_layers import find_layers, layer_plans
-from .peak_candidates import (PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier,
-                              _infeasible)
+from .peak_candidates import PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier
 from .peak_search import DEBUG as _DEBUG, improve_saved_sets
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
@@ -53,17 +52,21 @@ DEFAULT_GAP = 0.01
 RELAX_SHARE = 0.3
 SHRINK_SHARE = 0.3
 # share of the time limit for the cutting-plane rounds (solvers.peak_cuts), and steps cut per round
-CUT_SHARE = 0.25
+CUT_SHARE = 0.35
 CUTS_PER_ROUND = 2
 # share of the time limit for the cut rounds before the local search (the rest come after it)
 CUT_FIRST_SHARE = 0.35
 CUT_FIRST_NO_PLAN_SHARE = 0.12
+CUT_NO_PLAN_SHARE = 0.25  # ... and again when the search's share found no plan
 # a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
 NEAR_FIT = 0.03
 # grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
 # of the time limit they may take
 GRAFT_PLANS = 6
 GRAFT_SHARE = 0.15
+# ... after a cut round (measured, 32-layer small LLaMA at 0.6x: 8 s of grafts after the first
+# round left the second round's plan no time to be re-solved below the budget)
+ROUND_GRAFT_SHARE = 0.06
 # the layer-by-layer mix of the plans seen (solvers.peak_layers): share of the time limit
 LAYERS_SHARE = 0.15
 # ... with the layers of the relaxation's plans at these multiples of the peak budget too
@@ -134,7 +137,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 time_limit_s: float, threads: int, seed: int, hint_saved: set[str] | None,
                 gap: float, candidates: Iterable[Iterable[str]], search_share: float) -> Plan:
     from .mip_model import build_model, presolve
-    from .peak_bound import peak_rows, solve_relaxation
+    from .peak_bound import peak_rows, relaxed_live, solve_relaxation
 
     start = time.perf_counter()
     # the effort scales with the graph: each phase's share is of this (measured: the 4-layer test
@@ -200,6 +203,10 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                      < (best_plan.recompute_cost, best_plan.saved_bytes))):
             best_plan, best_peak = plan, peak
         return peak
+
+    def smallest_peak() -> int | None:  # of the plans seen that keep the saved-bytes budget
+        return min((pk for p, pk in frontier + seen if budget is None or p.saved_bytes <= budget),
+                   default=None)
 
     def done() -> bool:
         return best_plan is not None and best_plan.recompute_cost - lower <= gap * best_plan.recompute_cost
@@ -269,28 +276,45 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # overshoot to other steps, so its plans are rarely the ones that fit.
     cut_from = [None]  # the last cut round's plan and simulation: the next round goes on from it
 
-    def cut_rounds(seconds: float, start_from) -> None:
+    round_s = [0.0]  # how long the last round's solve took
+
+    def cut_rounds(seconds: float, start_from, last: bool = False) -> None:
         nonlocal lower, relaxed
         current = cut_from[0] or start_from
         until = time.perf_counter() + seconds
         while current is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
+            if not last and until - time.perf_counter() < 2 * round_s[0]:
+                # a round cut short by the turn's end leaves its rows' bound unsolved, and takes
+                # the local search's time (measured, 32-layer small LLaMA at 0.6x: its 2.4 s of an
+                # 11 s solve returned nothing); the last turn starts with it instead. Each round
+                # has more rows than the last: twice the last one's time
+                break
             plan, curve = current
             if curve.peak <= peak_budget:
                 break
             # a plan can still overshoot at a step cut already (inside a batch of recomputations,
             # which the row does not see): cut the next steps it overshoots rather than stop
-            new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(cuts[1]))
+            # the first round also at the step where the relaxation counts most (peak_cuts); later
+            # rounds where the plans overshoot most (measured, 32-layer small LLaMA at 0.6x:
+            # later rows where the relaxation counts most left the bound as it was)
+            tight = None if cuts[1] else relaxed_live(problem, rows, set(plan.saved), set(plan.recomputed))
+            new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(cuts[1]),
+                                 relaxed=tight)
             if not new:
                 break
+            if _DEBUG:
+                print(f"[peak] cut steps {new} (cut before: {len(cuts[1])})", flush=True)
             for k in new:
                 cuts[0].note(k, set(plan.saved), set(plan.recomputed))
             cuts[1].extend(new)
-            again = relax(peak_budget, min(until - time.perf_counter(), left()))
+            began = time.perf_counter()
+            again = relax(peak_budget, min(until - began, left()))
+            round_s[0] = time.perf_counter() - began
             if again.status == "infeasible":  # the cuts hold for every plan that fits
                 if best_plan is not None:
                     raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse "
                                        "a plan that fits")
-                raise PeakInfeasibleError(peak_budget, min((pk for _, pk in frontier), default=None),
+                raise PeakInfeasibleError(peak_budget, smallest_peak(),
                                           False, peak_lower_bound(problem), infeasible_proven=True)
             if again.bound is not None and again.bound > lower:
                 lower = again.bound
@@ -310,7 +334,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
             if over > 0:
-                graft(min(GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
+                graft(min(ROUND_GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
     shrink(False, SHRINK_SHARE, overshoot)
     layers = find_layers(problem)
@@ -392,15 +416,21 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     soft = max(0.0, min(left(), deadline - time.perf_counter()))
     if not done() and soft > 0:
         search(max(soft - reserved, min(soft, STALL_MIN_S)), STALL_SHARE * time_limit_s, [])
+    if best_plan is None and reserved and left() > 0:
+        # still nothing fits: more cut rounds before the long search, as they may prove the budget
+        # infeasible (measured, 4-layer ResNet at 1/4 of floor..min-cut: in 1 s more, instead of
+        # after the search's 10 s)
+        cut_rounds(CUT_NO_PLAN_SHARE * time_limit_s, relaxed_curve)
     if best_plan is None and left() > 0:
         search(left(), STALL_SHARE * (hard_deadline - start), [found.saved] if found is not None else [])
-    mix_layers(LAYERS_SHARE * time_limit_s)  # with the layers of the search's plans too
-    cut_rounds(left(), relaxed_curve)
+    if found is not None and best_plan is not None and best_plan.saved == found.saved:
+        # with the layers of the search's plans too; else the same mix again (measured, 7B
+        # shape: the second mix returned the first's plans, 7 s)
+        mix_layers(LAYERS_SHARE * time_limit_s)
+    cut_rounds(left(), relaxed_curve, last=True)
     elapsed = time.perf_counter() - start
     if best_plan is None:
-        peaks = [pk for _, pk in frontier] + ([found.peak] if found is not None else [])
-        raise PeakInfeasibleError(peak_budget, min(peaks) if peaks else None, False,
-                                  peak_lower_bound(problem))
+        raise PeakInfeasibleError(peak_budget, smallest_peak(), False, peak_lower_bound(problem))
     cost = best_plan.recompute_cost
     lower = min(lower, cost)
     closed = cost - lower <= 1e-12 * max(cost, 1e-30) or relaxed.status == "optimal" and cost <= lower
@@ -415,22 +445,3 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                    message=f"simulated peak {best_peak} bytes (peak budget {peak_budget}); "
                            f"plan by {best_plan.solver}; recompute cost within {rel_gap:.2%} of the "
                            "proven bound")
-
-
-def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
-                      candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
-    """The cheapest frontier plan (min-cut or checkpointing, or one of ``candidates``) whose
-    simulated peak fits: fast, not proven optimal."""
-    if not count_gradients:
-        problem = without_gradients(problem)
-    start = time.perf_counter()
-    frontier = _frontier(problem) + _candidate_plans(problem, candidates)
-    best = _cheapest_fitting(frontier, peak_budget, budget)
-    if best is None:
-        raise _infeasible(problem, peak_budget, frontier)
-    plan, peak = best
-    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
-                recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
-                solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
-                message=f"best {plan.solver} plan of the frontier under the peak budget: simulated peak {peak} bytes",
-                extra={"peak": peak, "peak_budget": peak_budget})

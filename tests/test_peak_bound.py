@@ -236,8 +236,35 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
 
 
 def test_violated_steps_skip_the_steps_cut_already():
-    # the cut rounds go on past the steps they cut: with those skipped, the next-worst steps
-    # over the budget come back, each over it, in order of overshoot
+    # the cut rounds go on past the steps they cut: with those skipped, the other steps over the
+    # budget come back, each over it; first the worst one next to a cut step, then the worst one
+    from solvers.peak_cuts import NEAR_CUT, simulated_by_step, violated_steps
+    checked = 0
+    for seed in range(30):
+        p = _problem(seed)
+        curve = simulate_plan(p, ())
+        by_step = simulated_by_step(p, curve)
+        budget = sorted(by_step)[len(by_step) // 3]
+        over = [k for k, live in enumerate(by_step) if live > budget]
+        if len(over) < 3:
+            continue
+        first = violated_steps(p, curve, budget, count=1, apart=0)
+        assert first == [max(over, key=lambda k: (by_step[k], k))]
+        rest = violated_steps(p, curve, budget, count=len(over), apart=0, skip=set(first))
+        assert first[0] not in rest and sorted(first + rest) == over
+        beside = [k for k in over if k != first[0] and abs(k - first[0]) <= NEAR_CUT]
+        left = [k for k in over if k != first[0]]
+        worst = lambda ks: max(ks, key=lambda k: (by_step[k], k))  # noqa: E731
+        assert rest[0] == worst(beside or left)
+        if beside:
+            assert rest[1] == worst([k for k in left if k != rest[0]])
+        checked += 1
+    assert checked > 10
+
+
+def test_violated_steps_start_where_the_relaxation_counts_most():
+    # given the relaxation's live bytes per step, the first step cut is the overshooting one
+    # where the relaxation is tightest (ties within 1% of the budget: the more overshooting)
     from solvers.peak_cuts import simulated_by_step, violated_steps
     checked = 0
     for seed in range(30):
@@ -246,12 +273,14 @@ def test_violated_steps_skip_the_steps_cut_already():
         by_step = simulated_by_step(p, curve)
         budget = sorted(by_step)[len(by_step) // 3]
         over = [k for k, live in enumerate(by_step) if live > budget]
-        if len(over) < 2:
+        if len(over) < 3:
             continue
-        first = violated_steps(p, curve, budget, count=1, apart=0)
-        rest = violated_steps(p, curve, budget, count=len(over), apart=0, skip=set(first))
-        assert first and first[0] not in rest
-        assert sorted(first + rest) == over
-        assert all(by_step[a] >= by_step[b] for a, b in zip(rest, rest[1:]))
+        # a made-up relaxation: tightest at the least overshooting step
+        relaxed = [budget - 5 * budget // 100] * len(by_step)
+        least = min(over, key=lambda k: (by_step[k], k))
+        relaxed[least] = budget
+        got = violated_steps(p, curve, budget, count=2, apart=0, relaxed=relaxed)
+        assert got[0] == least
+        assert got[1] == max((k for k in over if k != least), key=lambda k: (by_step[k], k))
         checked += 1
     assert checked > 10

@@ -14,7 +14,8 @@ from opt_remat.models import example_inputs, gpt2
 from opt_remat.verify import compare_steps, measured_saved_bytes, save_all_backend, training_step
 from solvers import Plan, Status, check_plan
 from solvers.mincut import solve_mincut
-from solvers.peak import PeakInfeasibleError, mincut_under_peak
+from solvers.peak import PeakInfeasibleError
+from solvers.peak_candidates import mincut_under_peak
 
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
