@@ -109,8 +109,10 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        with recompute chains; on small graphs the stage model below; then the local search of
        ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
        nothing 0.3% better for ``STALL_SHARE`` of the time limit.
-    3. Cutting planes raise the bound: rows at the steps where the relaxation's plan overshoots
-       the simulation, counting what recompute chains keep live there (``solvers.peak_cuts``);
+    3. Cutting planes raise the bound: rows at steps where the relaxation's plan overshoots
+       the simulation (first where the relaxation is tight, then next to steps cut already and
+       where it overshoots most: ``peak_cuts.violated_steps``), counting what recompute chains
+       keep live there (``solvers.peak_cuts``);
        their plans are grafted too, and re-solved below the budget when they nearly fit. Once a
        plan fits, a first turn of rounds runs before the local search (which starts from their
        plans too), the rest after it.

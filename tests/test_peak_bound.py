@@ -235,29 +235,39 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
     assert refused >= refused_plain + 0.17 * total, (refused, refused_plain, total)
 
 
-def test_violated_steps_skip_the_steps_cut_already():
-    # the cut rounds go on past the steps they cut: with those skipped, the other steps over the
-    # budget come back, each over it; first the worst one next to a cut step, then the worst one
-    from solvers.peak_cuts import NEAR_CUT, simulated_by_step, violated_steps
-    checked = 0
+def _overshooting_plans():
+    """Random problems' save-nothing plans with a budget a third of the way up their backward
+    curve, where at least 3 steps overshoot: (problem, curve, live per step, budget, steps over)."""
+    from solvers.peak_cuts import simulated_by_step
     for seed in range(30):
         p = _problem(seed)
         curve = simulate_plan(p, ())
         by_step = simulated_by_step(p, curve)
         budget = sorted(by_step)[len(by_step) // 3]
         over = [k for k, live in enumerate(by_step) if live > budget]
-        if len(over) < 3:
-            continue
+        if len(over) >= 3:
+            yield p, curve, by_step, budget, over
+
+
+def _worst(steps, by_step):
+    return max(steps, key=lambda k: (by_step[k], k))
+
+
+def test_violated_steps_skip_the_steps_cut_already():
+    # the cut rounds go on past the steps they cut: with those skipped, the other steps over the
+    # budget come back, each over it; first the worst one next to a cut step, then the worst one
+    from solvers.peak_cuts import NEAR_CUT, violated_steps
+    checked = 0
+    for p, curve, by_step, budget, over in _overshooting_plans():
         first = violated_steps(p, curve, budget, count=1, apart=0)
-        assert first == [max(over, key=lambda k: (by_step[k], k))]
+        assert first == [_worst(over, by_step)]
         rest = violated_steps(p, curve, budget, count=len(over), apart=0, skip=set(first))
         assert first[0] not in rest and sorted(first + rest) == over
         beside = [k for k in over if k != first[0] and abs(k - first[0]) <= NEAR_CUT]
         left = [k for k in over if k != first[0]]
-        worst = lambda ks: max(ks, key=lambda k: (by_step[k], k))  # noqa: E731
-        assert rest[0] == worst(beside or left)
+        assert rest[0] == _worst(beside or left, by_step)
         if beside:
-            assert rest[1] == worst([k for k in left if k != rest[0]])
+            assert rest[1] == _worst([k for k in left if k != rest[0]], by_step)
         checked += 1
     assert checked > 10
 
@@ -265,22 +275,15 @@ def test_violated_steps_skip_the_steps_cut_already():
 def test_violated_steps_start_where_the_relaxation_counts_most():
     # given the relaxation's live bytes per step, the first step cut is the overshooting one
     # where the relaxation is tightest (ties within 1% of the budget: the more overshooting)
-    from solvers.peak_cuts import simulated_by_step, violated_steps
+    from solvers.peak_cuts import violated_steps
     checked = 0
-    for seed in range(30):
-        p = _problem(seed)
-        curve = simulate_plan(p, ())
-        by_step = simulated_by_step(p, curve)
-        budget = sorted(by_step)[len(by_step) // 3]
-        over = [k for k, live in enumerate(by_step) if live > budget]
-        if len(over) < 3:
-            continue
+    for p, curve, by_step, budget, over in _overshooting_plans():
         # a made-up relaxation: tightest at the least overshooting step
         relaxed = [budget - 5 * budget // 100] * len(by_step)
         least = min(over, key=lambda k: (by_step[k], k))
         relaxed[least] = budget
         got = violated_steps(p, curve, budget, count=2, apart=0, relaxed=relaxed)
         assert got[0] == least
-        assert got[1] == max((k for k in over if k != least), key=lambda k: (by_step[k], k))
+        assert got[1] == _worst([k for k in over if k != least], by_step)
         checked += 1
     assert checked > 10
