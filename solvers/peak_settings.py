@@ -1,0 +1,56 @@
+"""Time shares and thresholds of the peak solve (``solvers.peak``), each with the measurement
+that set it. Shares are of the solve's effort (``time_limit_s`` scaled to the graph)."""
+
+# a graph of this many values gets the whole time limit, a smaller one its share (at least
+# MIN_EFFORT_S): every phase below is a share of that
+FULL_EFFORT_VALUES = 3500
+MIN_EFFORT_S = 4.0
+# the share grows a little faster than the graph: 4-layer GPT (590 values) within 10 s of a 60 s
+# limit (8.5 s; linear gave it 10.1 s), the 7B shape's 3,331 values 56.8 s
+EFFORT_POWER = 1.1
+# share of the time limit kept for the local search after the stage model
+SEARCH_SHARE = 0.5
+# the local search stops once nothing better has turned up for this share of the time limit (at
+# least STALL_MIN_S): measured on the 7B shape at 0.45x, its gains came in its first 7 s, none in
+# the next 30 s
+STALL_SHARE = 0.15
+STALL_MIN_S = 3.0
+# relative gap (cost - proven bound) / cost at which a peak solve stops
+DEFAULT_GAP = 0.01
+# shares of the time limit for the first relaxation solve and for re-solving it at lowered budgets
+RELAX_SHARE = 0.3
+SHRINK_SHARE = 0.3
+# share of the time limit for the cutting-plane rounds (solvers.peak_cuts), and steps cut per round
+CUT_SHARE = 0.35
+CUTS_PER_ROUND = 2
+# share of the time limit for the cut rounds before the local search (the rest come after it)
+CUT_FIRST_SHARE = 0.35
+CUT_FIRST_NO_PLAN_SHARE = 0.12
+CUT_NO_PLAN_SHARE = 0.25  # ... and again when the search's share found no plan
+# a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
+NEAR_FIT = 0.03
+# grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
+# of the time limit they may take
+GRAFT_PLANS = 6
+GRAFT_SHARE = 0.15
+# ... after a cut round (measured, 32-layer small LLaMA at 0.6x: 8 s of grafts after the first
+# round left the second round's plan no time to be re-solved below the budget)
+ROUND_GRAFT_SHARE = 0.06
+# the layer-by-layer mix of the plans seen (solvers.peak_layers): share of the time limit
+# (measured, 7B shape at 0.45x: its 66 option simulations took 8.5 of 0.15x's 9 s alone, and
+# in the benchmark's run the mix stopped at 184.5 ms short of its 178.9 ms plan)
+LAYERS_SHARE = 0.2
+# ... with the layers of the relaxation's plans at these multiples of the peak budget too
+# (measured, 7B shape at 0.45x: 181.6 -> 178.9 ms)
+LAYERS_RELAX_LOOSER = (1.5, 2.0, 2.7, 3.3)
+LAYERS_RELAX_SHARE = 0.03  # each
+LAYERS_MAX_COST_RATIO = 3.0  # ... only while checkpointing every layer costs at most this x the bound
+# HiGHS's relative gap on the relaxation, as a share of the solve's gap
+RELAX_GAP_SHARE = 0.25
+SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
+# the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
+# helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
+STAGE_MODEL_MAX_VALUES = 150
+# the relaxation with recompute chains finds plans for the search up to this many values (measured:
+# nothing in 20 s at the 7B shape's 3,500)
+CHAINS_MAX_VALUES = 2000
