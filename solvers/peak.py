@@ -69,8 +69,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        plan fits, a first turn of rounds runs before the local search (which starts from their
        plans too), the rest after it.
     The solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with
-    the graph (``FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``, all of
-    it while no plan fits. Raises PeakInfeasibleError
+    the graph (``FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``; while no
+    plan fits, all of it until the search stalls for that share's ``STALL_SHARE``. Raises PeakInfeasibleError
     naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
     """
