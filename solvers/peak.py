@@ -70,8 +70,9 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        plans too), the rest after it.
     The solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with
     the graph (``FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``; while no
-    plan fits, all of it until the search stalls for that share's ``STALL_SHARE``. Raises PeakInfeasibleError
-    naming the smallest peak found (and whether no plan can fit, proven by the relaxation).
+    plan fits, all of it until the search stalls for that share's ``STALL_SHARE``. Raises
+    PeakInfeasibleError naming the smallest peak found (and whether no plan can fit, proven by the
+    relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
     """
     if peak_budget < 0:
@@ -253,9 +254,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             # the first round also at the step where the relaxation counts most (peak_cuts); later
             # rounds where the plans overshoot most (measured, 32-layer small LLaMA at 0.6x:
             # later rows where the relaxation counts most left the bound as it was)
-            tight = None if cuts[1] else relaxed_live(problem, rows, set(plan.saved), set(plan.recomputed))
+            counted = None if cuts[1] else relaxed_live(problem, rows, set(plan.saved), set(plan.recomputed))
             new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(cuts[1]),
-                                 relaxed=tight)
+                                 relaxed=counted)
             if not new:
                 break
             if _DEBUG:
