@@ -211,15 +211,15 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 break
         return fits_at is not None
 
-    def graft(seconds: float) -> None:
+    def graft(seconds: float, first: Plan | None = None) -> None:
         """Grafts of the cheaper plans that overshoot onto the best plan (solvers.peak_graft),
-        again from each better plan found, while they gain."""
+        again from each better plan found, while they gain; ``first``'s before the others."""
         until = time.perf_counter() + seconds
         while best_plan is not None and not done() and time.perf_counter() < until and left() > 0:
             base = best_plan
             cheaper = sorted({p.saved: p for p, pk in seen + frontier
                               if pk > peak_budget and p.recompute_cost < base.recompute_cost}.values(),
-                             key=lambda p: p.recompute_cost)[:GRAFT_PLANS]
+                             key=lambda p: (p is not first, p.recompute_cost))[:GRAFT_PLANS]
             for plan, _ in graft_plans(problem, base.saved, [p.saved for p in cheaper], peak_budget,
                                        budget, deadline=min(until, time.perf_counter() + left())):
                 offer(plan.saved, "graft")
@@ -283,6 +283,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             offer(again.saved, "relaxation with cuts")
             current = cut_from[0] = last_curve[0]
             over = 0 if current is None else current[1].peak - peak_budget
+            if over > 0:
+                graft(min(ROUND_GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())),
+                      first=current[0])
             if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not done():
                 # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
                 # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound; bisecting
@@ -290,8 +293,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
-            if over > 0:
-                graft(min(ROUND_GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())))
 
     shrink(False, SHRINK_SHARE, overshoot)
     layers = find_layers(problem)

@@ -98,7 +98,9 @@ def peak_rows(problem: Problem) -> PeakRows:
         k = pos[name]
         g = by_name[name].storage_id
         if g not in forward_side and problem.counts_memory(g):
-            made.setdefault(g, k)
+            # a multi-output op's outputs exist from its call on (as liveness simulates them)
+            producer = by_name[name].allocated_by
+            made.setdefault(g, min(k, pos.get(producer, k)) if producer is not None else k)
             last[g] = max(last.get(g, k), k)
         for u in by_name[name].inputs:
             gu = by_name[u].storage_id

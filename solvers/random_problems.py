@@ -19,8 +19,11 @@ def random_problem(
     either_prob: float = 0.1,
     view_prob: float = 0.1,
     integer_costs: bool = True,
+    multi_output_prob: float = 0.0,
 ) -> Problem:
-    """A random problem: inputs, a forward DAG, then backward nodes reading forward values."""
+    """A random problem: inputs, a forward DAG, then backward nodes reading forward values (with
+    ``multi_output_prob``, some of them multi-output ops whose two outputs their call allocates,
+    as ``convolution_backward``'s)."""
     rng = random.Random(seed)
     nodes: list[Node] = []
     for i in range(n_inputs):
@@ -60,6 +63,13 @@ def random_problem(
         ins = set(rng.sample(candidates, k=min(k, len(candidates))))
         if backward_names:
             ins.add(backward_names[-1])
+        if multi_output_prob and rng.random() < multi_output_prob:
+            nodes.append(Node(f"b{j}", Role.BACKWARD, tuple(sorted(ins)), bytes=0))
+            for out in range(2):
+                nodes.append(Node(f"b{j}_{out}", Role.BACKWARD, (f"b{j}",), bytes=rng.randint(1, 4) * 16,
+                                  allocated_by=f"b{j}"))
+            backward_names.append(f"b{j}_1")
+            continue
         nodes.append(Node(f"b{j}", Role.BACKWARD, tuple(sorted(ins)), bytes=16))
         backward_names.append(f"b{j}")
     # a must_recompute value whose inputs are all banned forward values is still fine: the model

@@ -11,14 +11,14 @@ from solvers.liveness import simulate_plan
 from solvers.mip_model import build_model, presolve
 from solvers.peak import PeakInfeasibleError, solve_peak
 from solvers.peak_bound import peak_rows, relaxed_live, solve_relaxation
-from solvers.problem import PlanError, Role, Status, plan_from_saved
+from solvers.problem import Node, PlanError, Role, Status, plan_from_saved
 from solvers.random_problems import random_problem
 
 
-def _problem(seed):
+def _problem(seed, multi_output_prob=0.25):
     rng = random.Random(seed)
     p = random_problem(seed, n_forward=rng.randint(4, 9), view_prob=0.2, either_prob=0.2,
-                       n_backward=rng.randint(3, 8))
+                       n_backward=rng.randint(3, 8), multi_output_prob=multi_output_prob)
     fw = [n.name for n in p.nodes if n.role is Role.FORWARD]
     bw = [n.name for n in p.nodes if n.role is Role.BACKWARD]
     return Problem(p.nodes, forward_outputs=frozenset(fw[-1:]), backward_outputs=frozenset(rng.sample(bw, 2)))
@@ -48,6 +48,25 @@ def test_relaxed_live_bytes_never_exceed_the_simulation():
                 assert relaxed[k] <= at[name], (seed, sorted(plan.saved), name)
             checked += 1
     assert checked > 500
+
+
+def test_relaxation_counts_a_multi_output_ops_outputs_from_its_call():
+    # convolution_backward's grad_input and grad_weight exist from its call on, as the simulation
+    # has them (4-layer ResNet at 1/4 of floor..min-cut: 51,200 bytes missed there, and the
+    # budget was not proven infeasible)
+    nodes = [Node("x", Role.INPUT, bytes=64), Node("f", Role.FORWARD, ("x",), bytes=64, cost=1.0),
+             Node("g", Role.FORWARD, ("f",), bytes=64, cost=1.0),
+             Node("conv_bw", Role.BACKWARD, ("g",), bytes=0),
+             Node("grad_in", Role.BACKWARD, ("conv_bw",), bytes=32, allocated_by="conv_bw"),
+             Node("grad_w", Role.BACKWARD, ("conv_bw",), bytes=16, allocated_by="conv_bw"),
+             Node("b", Role.BACKWARD, ("grad_in", "f"), bytes=8)]
+    p = Problem(tuple(nodes), forward_outputs=frozenset(["g"]), backward_outputs=frozenset(["grad_w", "b"]))
+    rows = peak_rows(p)
+    for plan in _valid_plans(p):
+        curve = simulate_plan(p, plan.saved)
+        at = {name: live for phase, name, live in curve.steps if phase == "backward"}
+        relaxed = relaxed_live(p, rows, set(plan.saved), set(plan.recomputed))
+        assert relaxed[0] == at["conv_bw"] >= 32 + 16 + 64, sorted(plan.saved)
 
 
 @pytest.mark.slow  # many exact peak solves: run by .ci/run
@@ -214,7 +233,7 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
     from solvers.peak_cuts import CutContext
     refused = refused_plain = total = 0
     for seed in range(40):
-        p = _problem(seed)
+        p = _problem(seed, multi_output_prob=0.0)  # as measured (with them: 174 vs 153 of 260)
         model = presolve(p, build_model(p))
         rows = peak_rows(p)
         ctx = CutContext(p, model, rows)
