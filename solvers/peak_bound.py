@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+import time
 from typing import Any
 
 from .mip_model import Model
@@ -399,12 +400,14 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
     from .highs_cpsat import solve_with_highs
     from .mip import _saved_set, cpsat_program
 
+    began = time.perf_counter()  # building the program counts against the limit too
     m, _ = cpsat_program(model, {}, budget, extend)
     # costs in units of their total, so HiGHS's tolerances are relative to the plan costs
     total = sum(model.cost.values())
     scale = 1e3 / total if total > 0 else 1.0
     got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
-                           time_limit_s=max(time_limit_s, 0.05), rel_gap=rel_gap)
+                           time_limit_s=max(time_limit_s - (time.perf_counter() - began), 0.05),
+                           rel_gap=rel_gap)
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0
