@@ -135,7 +135,9 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
         if room < 0:
             m.add_bool_or([])
             return
-        chosen = ctx.window(tau)
+        # in graph order: the same rows in the same order in every process (set order follows
+        # string hashing, and HiGHS's path, so its plan, follows the row order)
+        chosen = sorted(ctx.window(tau), key=ctx.index.__getitem__)
         need: dict[str, Any] = {v: m.new_bool_var("") for v in chosen}
         for w, n_w in need.items():
             m.add_implication(n_w, r(w))
