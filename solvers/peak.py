@@ -36,7 +36,8 @@ from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEAR
                             CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, GRAFT_PLANS,
                             GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
-                            SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES)
+                            SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
+                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING)
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -95,7 +96,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 time_limit_s: float, threads: int, seed: int, hint_saved: set[str] | None,
                 gap: float, candidates: Iterable[Iterable[str]], search_share: float) -> Plan:
     from .mip_model import build_model, presolve
-    from .peak_bound import peak_rows, relaxed_live, solve_relaxation
+    from .peak_bound import Relaxed, peak_rows, relaxed_live, solve_relaxation
 
     start = time.perf_counter()
     # the effort scales with the graph: each phase's share is of this (measured: the 4-layer test
@@ -128,11 +129,20 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # a fraction of the solve's gap, not 1e-4, it returns in 1.7 s where it took 60 s at 0.3x
     rel_gap = max(1e-4, RELAX_GAP_SHARE * gap)
 
+    first_s: list[float] = []  # how long the first relaxation solve took
+
     def relax(target: int, limit: float, hint: Iterable[str] | None = None, chains: bool = False):
-        return solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
-                                time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
-                                hint_saved=set(hint) if chains and hint is not None else None,
-                                cuts=None if chains else cuts, rel_gap=rel_gap)
+        # a re-solve given much less time than the first took returns nothing, yet HiGHS's
+        # presolve runs past a short limit (measured, 64-layer small LLaMA: 2.5 s on a limit of 0)
+        if first_s and limit < MIN_RESOLVE_SHARE * first_s[0]:
+            return Relaxed("unknown", None, None)
+        began = time.perf_counter()
+        got = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
+                               time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
+                               hint_saved=set(hint) if chains and hint is not None else None,
+                               cuts=None if chains else cuts, rel_gap=rel_gap)
+        first_s[:] = first_s or [time.perf_counter() - began]
+        return got
 
     relaxed = relax(peak_budget, RELAX_SHARE * time_limit_s)
     if relaxed.status == "infeasible":
@@ -192,6 +202,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         while over_at is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
             again = relax(target, min(until - time.perf_counter(), left(),
                                       max(1.0, (0.5 if chains else 0.15) * time_limit_s)), hint, chains)
+            if again.status == "unknown" and again.saved is None:
+                break  # no time for it
             peak = None if again.saved is None else offer(
                 again.saved, "relaxation with chains" if chains else "relaxation, lowered budget")
             if peak is not None and peak <= peak_budget:
@@ -297,8 +309,17 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
 
-    shrink(False, SHRINK_SHARE, overshoot)
     layers = find_layers(problem)
+    every = next((p for p, _ in frontier if p.extra.get("every") == 1), None)
+    # where checkpointing every layer costs far more than the bound, the savings are not in
+    # the layers (measured, 32-layer small LLaMA at 0.6x/0.8x: 5x/11x; its mixes' 10 s
+    # delayed the cut rounds: gaps 0.35/0.30% -> 2.3/2.3%; 7B at 0.3x-0.6x: 1.3x-2.3x)
+    mixing = layers is not None and every is not None \
+        and every.recompute_cost <= LAYERS_MAX_COST_RATIO * lower
+    # where the layer mix runs, its plans fit the budget: the lowered re-solves get less time
+    # and the cut rounds, which raise the bound, more (measured, 7B shape on a slower machine,
+    # 0.3/0.45/0.6/0.8x: gaps 3.4/3.5/1.8/2.8%, with 0.3x of the limit 3.4/5.6/5.0/2.8%)
+    shrink(False, SHRINK_SHARE_MIXING if mixing else SHRINK_SHARE, overshoot)
 
     looser: list[frozenset[str]] | None = None  # solved at the first mix
 
@@ -306,12 +327,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         """Plans taking each repeated layer from a different plan seen so far
         (solvers.peak_layers: a dynamic program over the chain of layers)."""
         nonlocal looser
-        every = next((p for p, _ in frontier if p.extra.get("every") == 1), None)
-        # where checkpointing every layer costs far more than the bound, the savings are not in
-        # the layers (measured, 32-layer small LLaMA at 0.6x/0.8x: 5x/11x; its mixes' 10 s
-        # delayed the cut rounds: gaps 0.35/0.30% -> 2.3/2.3%; 7B at 0.3x-0.6x: 1.3x-2.3x)
-        if layers is None or every is None or done() or left() <= 0 \
-                or every.recompute_cost > LAYERS_MAX_COST_RATIO * lower:
+        if not mixing or done() or left() <= 0:
             return
         base = every.saved
         if looser is None:  # layers to mix in from the relaxation at looser budgets, solved once
