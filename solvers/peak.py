@@ -141,7 +141,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                                time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
                                hint_saved=set(hint) if chains and hint is not None else None,
                                cuts=None if chains else cuts, rel_gap=rel_gap)
-        first_s[:] = first_s or [time.perf_counter() - began]
+        if not first_s:
+            first_s.append(time.perf_counter() - began)
         return got
 
     relaxed = relax(peak_budget, RELAX_SHARE * time_limit_s)
@@ -203,7 +204,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             again = relax(target, min(until - time.perf_counter(), left(),
                                       max(1.0, (0.5 if chains else 0.15) * time_limit_s)), hint, chains)
             if again.status == "unknown" and again.saved is None:
-                break  # no time for it
+                break  # skipped for want of time, or timed out without a plan: a lower
+                # target would not do better in less time
             peak = None if again.saved is None else offer(
                 again.saved, "relaxation with chains" if chains else "relaxation, lowered budget")
             if peak is not None and peak <= peak_budget:
