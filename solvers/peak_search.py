@@ -15,6 +15,7 @@ and only ever returns a state at least as good as its best start.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -213,7 +214,7 @@ class _Judge:
                     stack.append(i)
         names, cost = self.names, self.cost
         kept = frozenset(names[s] for s in saved_ids if s in used)
-        return kept, frozenset(names[r] for r in recomputed), sum(cost[r] for r in recomputed)
+        return kept, frozenset(names[r] for r in recomputed), math.fsum(cost[r] for r in recomputed)
 
     def state(self, closed: tuple[frozenset[str], frozenset[str], float]) -> SearchState:
         kept, recomputed, cost = closed

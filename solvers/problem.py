@@ -183,7 +183,8 @@ class Problem:
         return sum(self.storage_size[g] for g in storages if self.counts_memory(g))
 
     def recompute_cost(self, recomputed: Iterable[str]) -> float:
-        return sum(self.recompute_cost_of(r) for r in recomputed)
+        # fsum: exact, so the total does not depend on set order (string hashing differs per process)
+        return math.fsum(self.recompute_cost_of(r) for r in recomputed)
 
     def with_nodes(self, nodes: Sequence[Node]) -> "Problem":
         return replace(self, nodes=tuple(nodes))
