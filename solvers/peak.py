@@ -37,7 +37,7 @@ from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEAR
                             GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
                             SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
-                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING)
+                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING, CUT_STALL_ROUNDS, CUT_STALL_GAIN)
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -256,6 +256,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         nonlocal lower, relaxed
         current = cut_from[0] or start_from
         until = time.perf_counter() + seconds
+        stalled = 0  # rounds in a row that did not raise the bound
         while current is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
             if not last and until - time.perf_counter() < 2 * round_s[0]:
                 # a round cut short by the turn's end leaves its rows' bound unsolved, and takes
@@ -290,10 +291,18 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                                        "a plan that fits")
                 raise PeakInfeasibleError(peak_budget, smallest_peak(),
                                           False, peak_lower_bound(problem), infeasible_proven=True)
+            raised = again.bound is not None and again.bound > lower * (1 + CUT_STALL_GAIN)
             if again.bound is not None and again.bound > lower:
                 lower = again.bound
                 if again.status == "optimal":
                     relaxed = again
+            stalled = 0 if raised else stalled + 1
+            if best_plan is None and stalled >= CUT_STALL_ROUNDS:
+                # no plan fits, so the rounds can only prove that none can: once they stop
+                # raising the bound, the rest of the limit would go to rounds that each take
+                # longer (measured, 4-layer GPT at 1/4 of floor..min-cut: the bound flat after 15 s,
+                # rounds of 3-19 s until 59 s, and no proof)
+                break
             if again.saved is None:
                 break
             last_curve[0] = None

@@ -38,6 +38,10 @@ CUTS_PER_ROUND = 2
 CUT_FIRST_SHARE = 0.35
 CUT_FIRST_NO_PLAN_SHARE = 0.12
 CUT_NO_PLAN_SHARE = 0.25  # ... and again when the search's share found no plan
+# while no plan fits, the cut rounds stop after this many rounds in a row that raised the bound
+# by less than this share
+CUT_STALL_ROUNDS = 1
+CUT_STALL_GAIN = 0.01
 # a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
 NEAR_FIT = 0.03
 # grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
