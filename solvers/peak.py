@@ -297,12 +297,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 if again.status == "optimal":
                     relaxed = again
             stalled = 0 if raised else stalled + 1
-            if best_plan is None and stalled >= CUT_STALL_ROUNDS:
-                # no plan fits, so the rounds can only prove that none can: once they stop
-                # raising the bound, the rest of the limit would go to rounds that each take
-                # longer (measured, 4-layer GPT at 1/4 of floor..min-cut: the bound flat after 15 s,
-                # rounds of 3-19 s until 59 s, and no proof)
-                break
             if again.saved is None:
                 break
             last_curve[0] = None
@@ -319,6 +313,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
+            if best_plan is None and stalled >= CUT_STALL_ROUNDS:
+                # no plan fits, so the rounds can only prove that none can: once they stop
+                # raising the bound, the rest of the limit would go to rounds that each take
+                # longer (measured, 4-layer GPT at 1/4 of floor..min-cut: the bound flat after 15 s,
+                # rounds of 3-19 s until 59 s, and no proof)
+                break
 
     layers = find_layers(problem)
     every = next((p for p, _ in frontier if p.extra.get("every") == 1), None)
