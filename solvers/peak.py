@@ -251,9 +251,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     cut_from = [None]  # the last cut round's plan and simulation: the next round goes on from it
 
     round_s = [0.0]  # how long the last round's solve took
+    cut_stalled: list[bool] = []  # set once the rounds stopped raising the bound while no plan fits
 
     def cut_rounds(seconds: float, start_from, last: bool = False) -> None:
         nonlocal lower, relaxed
+        if best_plan is None and cut_stalled:
+            return  # an earlier turn stopped for want of progress, from the same last cut plan
         current = cut_from[0] or start_from
         until = time.perf_counter() + seconds
         stalled = 0  # rounds in a row that did not raise the bound
@@ -318,6 +321,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 # raising the bound, the rest of the limit would go to rounds that each take
                 # longer (measured, 4-layer GPT at 1/4 of floor..min-cut: the bound flat after 15 s,
                 # rounds of 3-19 s until 59 s, and no proof)
+                cut_stalled.append(True)
                 break
 
     layers = find_layers(problem)
