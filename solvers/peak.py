@@ -121,7 +121,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     best = _cheapest_fitting(frontier, peak_budget, budget)
     best_plan, best_peak = (best[0], best[1]) if best is not None else (None, None)
 
-    model = presolve(problem, build_model(problem))
+    model = presolve(problem, build_model(problem), for_peak=True)  # see presolve: views and peaks
     rows = peak_rows(problem)
     cuts = (CutContext(problem, model, rows), [])  # the cut steps grow as plans overshoot
     # HiGHS proves the relaxation optimal in seconds where CP-SAT takes the whole share without

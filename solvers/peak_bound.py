@@ -16,10 +16,11 @@ recomputation, saved values read only by recomputation (counted at the forward's
 recomputation before the first direct read. The sum is monotone in k, so a chain of partial sums
 keeps the program linear in size, and only steps where ``C_k`` reaches a new high can bind.
 
-The presolve of ``solvers.mip_model`` keeps the bound valid: each reduction turns a plan into one
-that costs no more and whose step is nowhere more live (a view's base saved instead of the view:
-the same storage; a dominated saving replaced by its sole consumer: the consumer's buffer lives
-over a sub-span of the pair's; a recompute chain: recomputed together).
+The presolve of ``solvers.mip_model`` (``for_peak=True``) keeps the bound valid: each reduction
+turns a plan into one that costs no more and whose step is nowhere more live (a view's base saved
+instead of the view, where nothing computed from the base is read after the view's last read:
+the same storage over no longer; a dominated saving replaced by its sole consumer: the
+consumer's buffer lives over a sub-span of the pair's; a recompute chain: recomputed together).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import opt_remat
 from opt_remat.memory import PeakMeter, simulate
@@ -83,6 +83,9 @@ def test_peak_model_against_brute_force():
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10**6), stages=st.integers(1, 4), frac=st.floats(0.5, 1.0))
+# a view saved instead of its base peaks lower (its storage is freed at the view's last read):
+# with presolve's view reduction the relaxation's cuts refused the only plans that fit
+@example(seed=598298, stages=1, frac=0.875)
 def test_coarse_stages_stay_safe(seed, stages, frac):
     p = _problem(seed)
     top = _save_all_peak(p)

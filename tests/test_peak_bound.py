@@ -79,7 +79,7 @@ def test_relaxation_bound_is_below_the_true_optimum():
             continue
         plans = [(plan, simulate_plan(p, plan.saved).peak) for plan in _valid_plans(p)]
         top = max(peak for _, peak in plans)
-        model = presolve(p, build_model(p))
+        model = presolve(p, build_model(p), for_peak=True)
         rows = peak_rows(p)
         for frac in (1.0, 0.85, 0.7, 0.55):
             budget = int(top * frac)
@@ -156,7 +156,7 @@ def test_every_true_plan_fits_the_relaxation_at_its_own_peak():
     checked = 0
     for seed in range(30):
         p = _problem(seed)
-        model = presolve(p, build_model(p))
+        model = presolve(p, build_model(p), for_peak=True)
         rows = peak_rows(p)
         for plan, peak, fixed in _pinned_true_plans(p, model, 25):
             relaxed = solve_relaxation(p, model, rows, peak, time_limit_s=5, fixed=fixed)
@@ -176,7 +176,7 @@ def test_highs_and_cpsat_prove_the_same_relaxation_bound():
         if not plans:
             continue
         top = max(peak for _, peak in plans)
-        model = presolve(p, build_model(p))
+        model = presolve(p, build_model(p), for_peak=True)
         rows = peak_rows(p)
         for frac in (0.9, 0.7):
             budget = int(top * frac)
@@ -211,7 +211,7 @@ def test_every_true_plan_fits_the_cut_rows_at_its_own_peak(monkeypatch, full_win
     checked = 0
     for seed in range(40):
         p = _problem(seed)
-        model = presolve(p, build_model(p))
+        model = presolve(p, build_model(p), for_peak=True)
         rows = peak_rows(p)
         ctx = peak_cuts.CutContext(p, model, rows)
         steps = list(range(len(rows.consts)))
@@ -234,7 +234,7 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
     refused = refused_plain = total = 0
     for seed in range(40):
         p = _problem(seed, multi_output_prob=0.0)  # as measured (with them: 174 vs 153 of 260)
-        model = presolve(p, build_model(p))
+        model = presolve(p, build_model(p), for_peak=True)
         rows = peak_rows(p)
         ctx = CutContext(p, model, rows)
         steps = list(range(len(rows.consts)))
