@@ -20,6 +20,8 @@ import numpy as np
 
 # bounds above this are scaled down for HiGHS (see solve_with_highs)
 BOUND_SCALE_ABOVE = 1e6
+# HiGHS's presolve rule number of probing (its option presolve_rule_off is a bit mask of rules)
+PRESOLVE_RULE_PROBING = 15
 
 
 @dataclass
@@ -72,8 +74,10 @@ def _rows(proto: Any) -> tuple[list[dict[int, float]], list[float], list[float]]
 
 
 def solve_with_highs(m: Any, costs: dict[int, float], n_values: int, *, time_limit_s: float,
-                     rel_gap: float = 1e-4) -> HighsAnswer:
-    """Minimize ``sum(costs[i] * x_i)`` over the CP-SAT model ``m`` with HiGHS."""
+                     rel_gap: float = 1e-4, probing: bool = True) -> HighsAnswer:
+    """Minimize ``sum(costs[i] * x_i)`` over the CP-SAT model ``m`` with HiGHS. ``probing``:
+    HiGHS's presolve probes the binaries (off: where the program solves at its root anyway, the
+    probing is most of the time)."""
     import highspy
 
     from .mip import _quiet_highs
@@ -109,6 +113,8 @@ def solve_with_highs(m: Any, costs: dict[int, float], n_values: int, *, time_lim
     h = _quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", rel_gap)
+    if not probing:
+        h.setOptionValue("presolve_rule_off", 1 << PRESOLVE_RULE_PROBING)
     # bounds in bytes (the peak rows' right-hand sides, their continuous columns) scaled down by a
     # power of two, as HiGHS's own warning advises: the root's cuts then raise the bound in 20 s
     # as far as 51 s of branching did (measured, 7B shape at 0.45x, a cut round's program)

@@ -33,7 +33,8 @@ from .peak_search import DEBUG as _DEBUG, improve_saved_sets
 from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEARCH_SHARE,
                             SEARCH_MAX_VALUES, FINISH_SHARE, STALL_SHARE, STALL_MIN_S, DEFAULT_GAP,
                             RELAX_SHARE, SHRINK_SHARE, CUT_SHARE, CUTS_PER_ROUND, CUT_FIRST_SHARE,
-                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, GRAFT_PLANS,
+                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, NEAR_DONE_GAPS,
+                            GRAFT_PLANS,
                             GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
                             SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
@@ -131,7 +132,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
 
     first_s: list[float] = []  # how long the first relaxation solve took
 
-    def relax(target: int, limit: float, hint: Iterable[str] | None = None, chains: bool = False):
+    def relax(target: int, limit: float, hint: Iterable[str] | None = None, chains: bool = False,
+              probing: bool = True):
         # a re-solve given much less time than the first took returns nothing, yet HiGHS's
         # presolve runs past a short limit (measured, 64-layer small LLaMA: 2.5 s on a limit of 0)
         if first_s and limit < MIN_RESOLVE_SHARE * first_s[0]:
@@ -140,7 +142,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         got = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
                                time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
                                hint_saved=set(hint) if chains and hint is not None else None,
-                               cuts=None if chains else cuts, rel_gap=rel_gap)
+                               cuts=None if chains else cuts, rel_gap=rel_gap, probing=probing)
         if not first_s:
             first_s.append(time.perf_counter() - began)
         return got
@@ -251,6 +253,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     cut_from = [None]  # the last cut round's plan and simulation: the next round goes on from it
 
     round_s = [0.0]  # how long the last round's solve took
+    # once a round's program is solved within the limit, the next ones go without HiGHS's probing:
+    # solved at its root, most of its time is the presolve's probing (measured, 32-layer small
+    # LLaMA at 0.6x, the second round: 13 s, 8 of them presolve; without probing 10 s, the same
+    # bound; the gap 1.2% -> 0.16%). Where the rounds run out of time (7B shape) the probing pays:
+    # without it, in every round, gaps 3.5/3.9/1.8/2.8% -> 4.3/4.7/2.3/6.3%
+    round_solved: list[bool] = []
     cut_stalled: list[bool] = []  # set once the rounds stopped raising the bound while no plan fits
 
     def cut_rounds(seconds: float, start_from, last: bool = False) -> None:
@@ -286,8 +294,10 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 cuts[0].note(k, set(plan.saved), set(plan.recomputed))
             cuts[1].extend(new)
             began = time.perf_counter()
-            again = relax(peak_budget, min(until - began, left()))
+            again = relax(peak_budget, min(until - began, left()), probing=not round_solved)
             round_s[0] = time.perf_counter() - began
+            if again.status == "optimal":
+                round_solved.append(True)
             if again.status == "infeasible":  # the cuts hold for every plan that fits
                 if best_plan is not None:
                     raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse "
@@ -309,11 +319,14 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             if over > 0:
                 graft(min(ROUND_GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())),
                       first=current[0])
-            if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not done():
+            near_done = best_plan is not None \
+                and best_plan.recompute_cost - lower <= NEAR_DONE_GAPS * gap * best_plan.recompute_cost
+            if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not near_done:
                 # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
                 # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound; bisecting
                 # further, tried, took the time of the cut rounds that raise the bound)
-                lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()))
+                lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()),
+                                probing=not round_solved)
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
             if best_plan is None and stalled >= CUT_STALL_ROUNDS:

@@ -349,13 +349,14 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                      budget: int | None = None, *, time_limit_s: float, threads: int = 2,
                      seed: int = 0, hint_saved: set[str] | None = None, chains: bool = True,
                      fixed: list[int] | None = None, engine: str = "cpsat",
-                     cuts: tuple[Any, list[int]] | None = None, rel_gap: float = 1e-4) -> Relaxed:
+                     cuts: tuple[Any, list[int]] | None = None, rel_gap: float = 1e-4,
+                     probing: bool = True) -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT, or by HiGHS
     (``engine="highs"``: the same model, proven optimal far sooner on big graphs; needs
     ``chains=False``; no hint). ``chains``: add ``solvers.peak_schedule``'s first-need times (tighter, slower).
     ``fixed``: the program's variables pinned to these values (tests: a true plan must fit its own
     simulated peak). ``cuts``: ``(solvers.peak_cuts.CutContext, steps)``, rows at those backward
-    steps for what recompute chains keep live."""
+    steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
     from .peak_cuts import add_cut_rows
     from .peak_schedule import add_schedule
 
@@ -373,7 +374,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                 m.add(xi == value)
 
     if engine == "highs":
-        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap)
+        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
+                                       probing=probing)
 
     from .mip import _CostScale, _solve_cpsat
     from .mip_model import hint_from_plan, normalize_saved
@@ -397,7 +399,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
 
 
 def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
-                            time_limit_s: float, rel_gap: float) -> Relaxed:
+                            time_limit_s: float, rel_gap: float, probing: bool) -> Relaxed:
     from .highs_cpsat import solve_with_highs
     from .mip import _saved_set, cpsat_program
 
@@ -408,7 +410,7 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
     scale = 1e3 / total if total > 0 else 1.0
     got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
                            time_limit_s=max(time_limit_s - (time.perf_counter() - began), 0.05),
-                           rel_gap=rel_gap)
+                           rel_gap=rel_gap, probing=probing)
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0
