@@ -34,8 +34,7 @@ from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEAR
                             SEARCH_MAX_VALUES, FINISH_SHARE, STALL_SHARE, STALL_MIN_S, DEFAULT_GAP,
                             RELAX_SHARE, SHRINK_SHARE, CUT_SHARE, CUTS_PER_ROUND, CUT_FIRST_SHARE,
                             CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, NEAR_DONE_GAPS,
-                            GRAFT_PLANS,
-                            GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
+                            GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
                             SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
                             MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING, CUT_STALL_ROUNDS, CUT_STALL_GAIN)
@@ -256,8 +255,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # once a round's program is solved within the limit, the next ones go without HiGHS's probing:
     # solved at its root, most of its time is the presolve's probing (measured, 32-layer small
     # LLaMA at 0.6x, the second round: 13 s, 8 of them presolve; without probing 10 s, the same
-    # bound; the gap 1.2% -> 0.16%). Where the rounds run out of time (7B shape) the probing pays:
-    # without it, in every round, gaps 3.5/3.9/1.8/2.8% -> 4.3/4.7/2.3/6.3%
+    # bound). Measured with NEAR_DONE_GAPS: 64 layers at 0.6x 2.4% -> 1.2%, 32 layers and the 7B
+    # shape unchanged. Where the rounds run out of time (7B) the probing pays: without it in every
+    # round, gaps 3.5/3.9/1.8/2.8% -> 4.3/4.7/2.3/6.3% (32 layers at 0.6x: 0.16%)
     round_solved: list[bool] = []
     cut_stalled: list[bool] = []  # set once the rounds stopped raising the bound while no plan fits
 

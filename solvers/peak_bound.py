@@ -18,9 +18,10 @@ keeps the program linear in size, and only steps where ``C_k`` reaches a new hig
 
 The presolve of ``solvers.mip_model`` (``for_peak=True``) keeps the bound valid: each reduction
 turns a plan into one that costs no more and whose step is nowhere more live (a view's base saved
-instead of the view, where the base is not read, directly or through its other consumers,
-after the view's last read: the same storage over no longer; a dominated saving replaced by its sole consumer: the
-consumer's buffer lives over a sub-span of the pair's; a recompute chain: recomputed together).
+instead of the view, where the base is not read, directly or through its other consumers, after
+the view's last read: the same storage over no longer; a dominated saving replaced by its sole
+consumer: the consumer's buffer lives over a sub-span of the pair's; a recompute chain:
+recomputed together).
 """
 
 from __future__ import annotations

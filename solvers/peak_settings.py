@@ -47,7 +47,7 @@ NEAR_FIT = 0.03
 # ... unless the best plan is within this many times the solve's gap of the bound: then the bound
 # is what is missing, and the re-solve's time goes to the next round (measured, 32-layer small
 # LLaMA at 0.6x: a plan 1.2% above the bound after the second round, whose re-solve took 13.5 s
-# and left the third round no time)
+# and left a third round no time; given it, that round did not raise the bound there)
 NEAR_DONE_GAPS = 3.0
 # grafts (solvers.peak_graft): the cheapest plans that overshoot tried per round, and the share
 # of the time limit they may take
