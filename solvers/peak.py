@@ -144,6 +144,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                                cuts=None if chains else cuts, rel_gap=rel_gap, probing=probing)
         if not first_s:
             first_s.append(time.perf_counter() - began)
+        if _DEBUG:
+            print(f"[peak] relax: limit {limit:.1f} s, took {time.perf_counter() - began:.1f} s, "
+                  f"{got.status}", flush=True)
         return got
 
     relaxed = relax(peak_budget, RELAX_SHARE * time_limit_s)
