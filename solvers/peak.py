@@ -183,8 +183,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         return min((pk for p, pk in frontier + seen if budget is None or p.saved_bytes <= budget),
                    default=None)
 
-    def done() -> bool:
-        return best_plan is not None and best_plan.recompute_cost - lower <= gap * best_plan.recompute_cost
+    def done(gaps: float = 1.0) -> bool:  # within ``gaps`` times the solve's gap of the bound
+        return best_plan is not None \
+            and best_plan.recompute_cost - lower <= gaps * gap * best_plan.recompute_cost
 
     overshoot = 0
     if relaxed.saved is not None:
@@ -261,11 +262,11 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # bound). Measured with NEAR_DONE_GAPS: 64 layers at 0.6x 2.4% -> 1.2%, 32 layers and the 7B
     # shape unchanged. Where the rounds run out of time (7B) the probing pays: without it in every
     # round, gaps 3.5/3.9/1.8/2.8% -> 4.3/4.7/2.3/6.3% (32 layers at 0.6x: 0.16%)
-    round_solved: list[bool] = []
-    cut_stalled: list[bool] = []  # set once the rounds stopped raising the bound while no plan fits
+    round_solved = False
+    cut_stalled = False  # set once the rounds stopped raising the bound while no plan fits
 
     def cut_rounds(seconds: float, start_from, last: bool = False) -> None:
-        nonlocal lower, relaxed
+        nonlocal lower, relaxed, round_solved, cut_stalled
         if best_plan is None and cut_stalled:
             return  # an earlier turn stopped for want of progress, from the same last cut plan
         current = cut_from[0] or start_from
@@ -299,8 +300,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             began = time.perf_counter()
             again = relax(peak_budget, min(until - began, left()), probing=not round_solved)
             round_s[0] = time.perf_counter() - began
-            if again.status == "optimal":
-                round_solved.append(True)
+            round_solved = round_solved or again.status == "optimal"
             if again.status == "infeasible":  # the cuts hold for every plan that fits
                 if best_plan is not None:
                     raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse "
@@ -322,9 +322,8 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
             if over > 0:
                 graft(min(ROUND_GRAFT_SHARE * time_limit_s, max(0.0, until - time.perf_counter())),
                       first=current[0])
-            near_done = best_plan is not None \
-                and best_plan.recompute_cost - lower <= NEAR_DONE_GAPS * gap * best_plan.recompute_cost
-            if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 and not near_done:
+            if 0 < over <= NEAR_FIT * peak_budget and time.perf_counter() < until - 0.5 \
+                    and not done(NEAR_DONE_GAPS):
                 # nearly fits: with its cuts, at the budget lowered by its overshoot (measured,
                 # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound; bisecting
                 # further, tried, took the time of the cut rounds that raise the bound)
@@ -337,7 +336,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 # raising the bound, the rest of the limit would go to rounds that each take
                 # longer (measured, 4-layer GPT at 1/4 of floor..min-cut: the bound flat after 15 s,
                 # rounds of 3-19 s until 59 s, and no proof)
-                cut_stalled.append(True)
+                cut_stalled = True
                 break
 
     layers = find_layers(problem)
