@@ -19,6 +19,7 @@ with recomputation just in time; values freed after their last use). ``solve_pea
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Iterable
@@ -29,11 +30,12 @@ from .peak_cuts import CutContext, violated_steps
 from .peak_graft import graft_plans
 from .peak_layers import find_layers, layer_plans
 from .peak_candidates import PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier
+from .peak_repair import repair_overshoot
 from .peak_search import DEBUG as _DEBUG, improve_saved_sets
 from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEARCH_SHARE,
                             SEARCH_MAX_VALUES, FINISH_SHARE, STALL_SHARE, STALL_MIN_S, DEFAULT_GAP,
                             RELAX_SHARE, SHRINK_SHARE, CUT_SHARE, CUTS_PER_ROUND, CUT_FIRST_SHARE,
-                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, NEAR_DONE_GAPS,
+                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, REPAIR_SHARE, NEAR_DONE_GAPS,
                             GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
                             SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
@@ -177,6 +179,16 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 and (best_plan is None or (plan.recompute_cost, plan.saved_bytes)
                      < (best_plan.recompute_cost, best_plan.saved_bytes))):
             best_plan, best_peak = plan, peak
+        elif how.startswith("relaxation") and 0 < peak - peak_budget <= NEAR_FIT * peak_budget \
+                and (best_plan is None or plan.recompute_cost < best_plan.recompute_cost) and left() > 0:
+            # a relaxation's plan that nearly fits and costs less than the best: its cheapest
+            # repairs (solvers.peak_repair); the caller goes on from this plan's simulation
+            fixed = repair_overshoot(problem, plan.saved, peak_budget, budget,
+                                     cost_below=best_plan.recompute_cost if best_plan else math.inf,
+                                     deadline=time.perf_counter() + min(left(), REPAIR_SHARE * time_limit_s))
+            if fixed is not None:
+                offer(fixed.saved, "repair")
+                last_curve[0] = (plan, curve)
         return peak
 
     def smallest_peak() -> int | None:  # of the plans seen that keep the saved-bytes budget

@@ -44,6 +44,8 @@ CUT_STALL_ROUNDS = 1
 CUT_STALL_GAIN = 0.01
 # a cut plan over the budget by at most this share is re-solved at the budget less its overshoot
 NEAR_FIT = 0.03
+# ... and offered to a repair (solvers.peak_repair), for at most this share of the time limit
+REPAIR_SHARE = 0.03
 # ... unless the best plan is within this many times the solve's gap of the bound: then the bound
 # is what is missing, and the re-solve's time goes to the next round (measured, 32-layer small
 # LLaMA at 0.6x: a plan 1.2% above the bound after the second round, whose re-solve took 13.5 s
