@@ -7,8 +7,7 @@ with recomputation just in time; values freed after their last use). ``solve_pea
   of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible), raised by
   cutting planes where its plan overshoots the simulation (``solvers.peak_cuts``);
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
-  budgets (when nothing fits, on graphs of moderate size, with recompute chains,
-  ``solvers.peak_schedule``); cheap candidates (``solvers.peak_candidates``: min-cut,
+  budgets; cheap candidates (``solvers.peak_candidates``: min-cut,
   checkpointing, callers' plans); on graphs of repeated layers, a dynamic program over the layers
   taking each from a different plan (``solvers.peak_layers``); grafts of the cheaper plans that
   overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model
@@ -31,15 +30,16 @@ from .peak_graft import graft_plans
 from .peak_layers import find_layers, layer_plans
 from .peak_candidates import PeakInfeasibleError, _candidate_plans, _cheapest_fitting, _frontier
 from .peak_repair import repair_overshoot
-from .peak_search import DEBUG as _DEBUG, improve_saved_sets
+from .peak_search import DEBUG as _DEBUG, StallClock, improve_saved_sets
 from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEARCH_SHARE,
                             SEARCH_MAX_VALUES, FINISH_SHARE, STALL_SHARE, STALL_MIN_S, DEFAULT_GAP,
                             RELAX_SHARE, SHRINK_SHARE, CUT_SHARE, CUTS_PER_ROUND, CUT_FIRST_SHARE,
                             CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, REPAIR_SHARE, NEAR_DONE_GAPS,
                             GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
-                            SHRINK_SHARE_CHAINS, STAGE_MODEL_MAX_VALUES, CHAINS_MAX_VALUES,
-                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING, CUT_STALL_ROUNDS, CUT_STALL_GAIN)
+                            STAGE_MODEL_MAX_VALUES,
+                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING, CUT_STALL_ROUNDS, CUT_STALL_GAIN,
+                            PROBING_MAX_VALUES)
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -61,8 +61,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        k-th residual value, ``hint_saved`` and ``candidates`` such as torch's or the default
        plan); on graphs of repeated layers, each layer from a different plan seen
        (``solvers.peak_layers``); grafts of the cheaper plans that overshoot onto the best that
-       fits (``solvers.peak_graft``); when none fits yet, on graphs of moderate size, the relaxation
-       with recompute chains; on small graphs the stage model below; then the local search of
+       fits (``solvers.peak_graft``); on small graphs the stage model below; then the local search of
        ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
        nothing 0.3% better for ``STALL_SHARE`` of the time limit.
     3. Cutting planes raise the bound: rows at steps where the relaxation's plan overshoots
@@ -133,17 +132,15 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
 
     first_s: list[float] = []  # how long the first relaxation solve took
 
-    def relax(target: int, limit: float, hint: Iterable[str] | None = None, chains: bool = False,
-              probing: bool = True):
+    def relax(target: int, limit: float, probing: bool = True):
         # a re-solve given much less time than the first took returns nothing, yet HiGHS's
         # presolve runs past a short limit (measured, 64-layer small LLaMA: 2.5 s on a limit of 0)
         if first_s and limit < MIN_RESOLVE_SHARE * first_s[0]:
             return Relaxed("unknown", None, None)
         began = time.perf_counter()
         got = solve_relaxation(problem, model, rows, target, budget, threads=threads, seed=seed,
-                               time_limit_s=limit, chains=chains, engine="cpsat" if chains else "highs",
-                               hint_saved=set(hint) if chains and hint is not None else None,
-                               cuts=None if chains else cuts, rel_gap=rel_gap, probing=probing)
+                               time_limit_s=limit, chains=False, engine="highs", cuts=cuts,
+                               rel_gap=rel_gap, probing=probing)
         if not first_s:
             first_s.append(time.perf_counter() - began)
         if _DEBUG:
@@ -206,33 +203,28 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     relaxed_curve = last_curve[0]
     # plans that fit: the linear relaxation (HiGHS) re-solved at budgets lowered by what its plans
     # overshoot the simulation, then bisected between the highest budget whose plan did not fit
-    # and the lowest whose plan did. When none of its plans fits, on graphs of moderate size the
-    # same with recompute chains (solvers.peak_schedule: CP-SAT, slower, its plans closer to the
-    # simulation). Measured, 4-layer models of the tests: HiGHS's plans alone as cheap or cheaper
-    # (GPT, LLaMA) in ~10 s instead of ~37 s; chains found the only plan on ResNet at 0.75.
-    def shrink(chains: bool, share: float, overshoot: int) -> bool:
+    # and the lowest whose plan did. (The relaxation with recompute chains, solvers.peak_schedule,
+    # was a last resort here while nothing fit: measured, on the 4-layer models of the tests and
+    # the library models of tests/test_library_models.py none of its plans was the first to fit
+    # nor the best, and its CP-SAT solve held the 4-layer GPT at 1/4 of floor..min-cut 3 s.)
+    def shrink(share: float, overshoot: int) -> bool:
         """Whether one of these re-solves' plans fits."""
         fits_at, over_at = None, peak_budget if overshoot > 0 else None
         refused_at = None  # the highest budget where the relaxation admits no plan (nor below it)
-        target = peak_budget if chains else peak_budget - overshoot
-        hint = relaxed.saved
+        target = peak_budget - overshoot
         until = time.perf_counter() + share * time_limit_s
         while over_at is not None and not done() and time.perf_counter() < until - 0.5 and left() > 0:
-            again = relax(target, min(until - time.perf_counter(), left(),
-                                      max(1.0, (0.5 if chains else 0.15) * time_limit_s)), hint, chains)
+            again = relax(target, min(until - time.perf_counter(), left(), max(1.0, 0.15 * time_limit_s)))
             if again.status == "unknown" and again.saved is None:
                 break  # skipped for want of time, or timed out without a plan: a lower
                 # target would not do better in less time
-            peak = None if again.saved is None else offer(
-                again.saved, "relaxation with chains" if chains else "relaxation, lowered budget")
+            peak = None if again.saved is None else offer(again.saved, "relaxation, lowered budget")
             if peak is not None and peak <= peak_budget:
-                fits_at, hint = target, again.saved
+                fits_at = target
             elif again.status == "infeasible":
                 refused_at = target
             else:
                 over_at = target
-                if peak is not None:
-                    hint = again.saved
             low = max(x for x in (fits_at, refused_at, -1) if x is not None)
             if low >= 0 and over_at - low <= peak_budget // 200:
                 break
@@ -274,11 +266,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # bound). Measured with NEAR_DONE_GAPS: 64 layers at 0.6x 2.4% -> 1.2%, 32 layers and the 7B
     # shape unchanged. Where the rounds run out of time (7B) the probing pays: without it in every
     # round, gaps 3.5/3.9/1.8/2.8% -> 4.3/4.7/2.3/6.3% (32 layers at 0.6x: 0.16%)
-    round_solved = False
+    # (and on big graphs none do: PROBING_MAX_VALUES)
+    probe_rounds = len(problem.candidates) <= PROBING_MAX_VALUES
     cut_stalled = False  # set once the rounds stopped raising the bound while no plan fits
 
     def cut_rounds(seconds: float, start_from, last: bool = False) -> None:
-        nonlocal lower, relaxed, round_solved, cut_stalled
+        nonlocal lower, relaxed, probe_rounds, cut_stalled
         if best_plan is None and cut_stalled:
             return  # an earlier turn stopped for want of progress, from the same last cut plan
         current = cut_from[0] or start_from
@@ -310,9 +303,9 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 cuts[0].note(k, set(plan.saved), set(plan.recomputed))
             cuts[1].extend(new)
             began = time.perf_counter()
-            again = relax(peak_budget, min(until - began, left()), probing=not round_solved)
+            again = relax(peak_budget, min(until - began, left()), probing=probe_rounds)
             round_s[0] = time.perf_counter() - began
-            round_solved = round_solved or again.status == "optimal"
+            probe_rounds = probe_rounds and again.status != "optimal"
             if again.status == "infeasible":  # the cuts hold for every plan that fits
                 if best_plan is not None:
                     raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse "
@@ -340,7 +333,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
                 # 32-layer small LLaMA: cut plans 0.5% over at 1-2% above the bound; bisecting
                 # further, tried, took the time of the cut rounds that raise the bound)
                 lowered = relax(peak_budget - over, min(until - time.perf_counter(), left()),
-                                probing=not round_solved)
+                                probing=probe_rounds)
                 if lowered.saved is not None:
                     offer(lowered.saved, "relaxation with cuts, lowered budget")
             if best_plan is None and stalled >= CUT_STALL_ROUNDS:
@@ -361,7 +354,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # where the layer mix runs, its plans fit the budget: the lowered re-solves get less time
     # and the cut rounds, which raise the bound, more (measured, 7B shape on a slower machine,
     # 0.3/0.45/0.6/0.8x: gaps 3.4/3.5/1.8/2.8%, with 0.3x of the limit 3.4/5.6/5.0/2.8%)
-    shrink(False, SHRINK_SHARE_MIXING if mixing else SHRINK_SHARE, overshoot)
+    shrink(SHRINK_SHARE_MIXING if mixing else SHRINK_SHARE, overshoot)
 
     looser: list[frozenset[str]] | None = None  # solved at the first mix
 
@@ -392,8 +385,6 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # search reached 252.4 ms in 58 s
     mix_layers(LAYERS_SHARE * time_limit_s)
     graft(GRAFT_SHARE * time_limit_s)
-    if best_plan is None and len(problem.candidates) <= CHAINS_MAX_VALUES:
-        shrink(True, SHRINK_SHARE_CHAINS, overshoot)  # a last resort for a first plan that fits
     # cut rounds run before the local search and again last, with this share kept for them
     reserved = CUT_SHARE * time_limit_s if relaxed_curve is not None and overshoot > 0 else 0.0
     # a first turn of cut rounds before the local search, seeding it with their plans (measured,
@@ -401,7 +392,12 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # the 7B shape's 0.3x-0.6x solves unchanged). While no plan fits, a shorter turn: the search
     # needs the time (measured, 4-layer GPT at 3/4 of floor..min-cut: its plan took 60 s instead
     # of 10 s), yet the cuts can prove the budget infeasible (ResNet at 1/4: 1.8 s instead of 14 s)
-    if reserved:
+    if reserved and best_plan is not None and len(problem.candidates) > SEARCH_MAX_VALUES:
+        # no local search follows (see below): one turn, its first round given all the time left
+        # (measured, 7B shape at 0.45x: that round's HiGHS solve, given 19.8 s, raised the bound
+        # to 0.1719 or, where it ran slower, stopped at its root's 0.1687: a gap of 3.9% or 5.7%)
+        cut_rounds(left(), relaxed_curve, last=True)
+    elif reserved:
         cut_rounds((CUT_FIRST_SHARE if best_plan is not None else CUT_FIRST_NO_PLAN_SHARE)
                    * time_limit_s, relaxed_curve)
     attempts: list[frozenset[str]] = []
@@ -416,13 +412,17 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
         except PeakInfeasibleError:
             pass
     found = None
+    # the resumed search below stalls from the first one's last gain, not from its own start
+    # (measured, 4-layer GPT at 1/4 of floor..min-cut, no plan: its 3 s of a fresh stall clock
+    # found nothing; 10.7 s -> 9.5 s; ResNet at 3/4 6.7 s -> 3.7 s, the same smallest peak)
+    clock = StallClock()
 
     def search(seconds: float, stall_s: float, more: list[frozenset[str]]) -> None:
         nonlocal found
         starts = ([best_plan.saved] if best_plan is not None else []) + more + tried + attempts \
             + [p.saved for p, _ in frontier]
         got = improve_saved_sets(problem, starts, peak_budget, budget, time_limit_s=seconds,
-                                 stall_s=max(STALL_MIN_S, stall_s))
+                                 stall_s=max(STALL_MIN_S, stall_s), clock=clock)
         if got is not None and simulate_plan(problem, got.saved).peak != got.peak:
             raise RuntimeError("opt-remat internal error: the local search's simulation disagrees "
                                "with solvers.liveness")

@@ -35,6 +35,16 @@ ESCAPE_WIDTH = 6
 STALL_GAIN = 0.003
 
 
+@dataclass
+class StallClock:
+    """The stall clock of the local search, kept across searches that resume one another: the
+    best (overshoot, cost) seen, the cost at the last real gain, and the search seconds since that
+    gain when the last search stopped (the time between searches does not count)."""
+    best_seen: tuple[float, float] = (math.inf, math.inf)
+    gain_cost: float = math.inf
+    quiet_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class SearchState:
     saved: frozenset[str]  # only saved values the backward uses (as ``plan_from_saved`` keeps)
@@ -166,7 +176,8 @@ class _Judge:
     """Closes saved sets into plans and simulates them, once per distinct kept saved set."""
 
     def __init__(self, problem: Problem, peak_budget: int, budget: int | None,
-                 deadline: float, max_evaluations: int, stall_s: float | None = None) -> None:
+                 deadline: float, max_evaluations: int, stall_s: float | None = None,
+                 clock: StallClock | None = None) -> None:
         self.problem = problem
         self.peak_budget = peak_budget
         self.budget = budget
@@ -175,9 +186,8 @@ class _Judge:
         self.evaluations = 0
         # stop early once no state has beaten the best (over, cost) for stall_s seconds
         self.stall_s = stall_s
-        self.best_seen = (float("inf"), float("inf"))
-        self.last_gain = time.perf_counter()
-        self.gain_cost = float("inf")
+        self.clock = clock if clock is not None else StallClock()
+        self.last_gain = time.perf_counter() - self.clock.quiet_s
         self.peaks: dict[frozenset[str], tuple[int, frozenset[str]]] = {}
         self.simulator = _Simulator(problem)
         # the closure runs for every move considered: integer ids and flat lists keep it cheap
@@ -225,13 +235,13 @@ class _Judge:
             known = self.peaks[kept] = self.simulator.peak(kept)
             self.evaluations += 1
         st = SearchState(kept, recomputed, cost, self.problem.saved_bytes(kept), *known)
-        seen = (self.over(st), st.cost)
-        if seen < self.best_seen:
+        seen, clock = (self.over(st), st.cost), self.clock
+        if seen < clock.best_seen:
             # the stall clock restarts on a real gain: less overshoot, or a cost STALL_GAIN below
             # the last real gain's (measured, 4-layer GPT: gains of 0.1% kept it going for 60 s)
-            if seen[0] < self.best_seen[0] or seen[0] == 0 and seen[1] < self.gain_cost * (1 - STALL_GAIN):
-                self.last_gain, self.gain_cost = time.perf_counter(), seen[1]
-            self.best_seen = seen
+            if seen[0] < clock.best_seen[0] or seen[0] == 0 and seen[1] < clock.gain_cost * (1 - STALL_GAIN):
+                self.last_gain, clock.gain_cost = time.perf_counter(), seen[1]
+            clock.best_seen = seen
             if DEBUG:
                 print(f"[search] over {seen[0]} cost {seen[1]:.6g} at {time.perf_counter():.1f}", flush=True)
         return st
@@ -426,7 +436,8 @@ def _repair(judge: _Judge, cand: SearchState, current: SearchState, repairs: int
 def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_budget: int,
                        budget: int | None = None, *, time_limit_s: float = 10.0,
                        max_evaluations: int = 20_000, repairs: int = 8,
-                       max_starts: int = 16, stall_s: float | None = None) -> SearchState | None:
+                       max_starts: int = 16, stall_s: float | None = None,
+                       clock: StallClock | None = None) -> SearchState | None:
     """The best plan the local search reaches from ``starts`` (saved sets; invalid ones skipped).
 
     Best means: fits ``peak_budget`` (and ``budget`` saved bytes) if any state does, then least
@@ -434,10 +445,19 @@ def improve_saved_sets(problem: Problem, starts: Iterable[Iterable[str]], peak_b
     is a valid plan. The result is never worse than the best start. Up to ``max_starts`` starts
     are descended, most promising first, while time and evaluations last (a start ranked low can
     descend furthest: on the 2-layer GPT the smallest peak came from the 9th-16th of them).
-    ``stall_s``: stop once no state has beaten the best for that many seconds.
+    ``stall_s``: stop once no state has beaten the best for that many seconds; ``clock``: the
+    stall clock of an earlier search this one resumes (updated when this one stops).
     """
     judge = _Judge(problem, peak_budget, budget, time.perf_counter() + float(time_limit_s),
-                   int(max_evaluations), stall_s)
+                   int(max_evaluations), stall_s, clock)
+    try:
+        return _search(judge, starts, max_starts, repairs)
+    finally:
+        judge.clock.quiet_s = time.perf_counter() - judge.last_gain
+
+
+def _search(judge: _Judge, starts: Iterable[Iterable[str]], max_starts: int,
+            repairs: int) -> SearchState | None:
     states: list[SearchState] = []
     seen: set[frozenset[str]] = set()
     for saved in starts:

@@ -34,6 +34,12 @@ SHRINK_SHARE_MIXING = 0.1  # ... where the layer mix (below) makes the plans tha
 # share of the time limit for the cutting-plane rounds (solvers.peak_cuts), and steps cut per round
 CUT_SHARE = 0.35
 CUTS_PER_ROUND = 2
+# HiGHS's presolve probes the binaries in a cut round's first solve on graphs up to this many
+# values: its cost grows much faster than the program (measured, first cut round: 7B shape, 3,331
+# values, 6 s of presolve that raise the bound, gaps 3.5/3.9/1.8/2.8% at 0.3-0.8x where 4.3/4.7/
+# 2.3/6.3% without; 64-layer small LLaMA, 6,497 values, 25 s of presolve at 0.8x and no answer in
+# its 28 s, where without probing it is solved in 14 s: gap 3.5% -> 1.1%)
+PROBING_MAX_VALUES = 5000
 # share of the time limit for the cut rounds before the local search (the rest come after it)
 CUT_FIRST_SHARE = 0.35
 CUT_FIRST_NO_PLAN_SHARE = 0.12
@@ -69,10 +75,6 @@ LAYERS_RELAX_SHARE = 0.03  # each
 LAYERS_MAX_COST_RATIO = 3.0  # ... only while checkpointing every layer costs at most this x the bound
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap
 RELAX_GAP_SHARE = 0.25
-SHRINK_SHARE_CHAINS = 0.45  # its solves take longer to find plans
 # the stage model (below) joins the search on graphs up to this many values: beyond, CP-SAT rarely
 # helps (measured: 4-layer LLaMA, 9 s for a plan 5x costlier than the relaxation's; nothing at 32 layers)
 STAGE_MODEL_MAX_VALUES = 150
-# the relaxation with recompute chains finds plans for the search up to this many values (measured:
-# nothing in 20 s at the 7B shape's 3,500)
-CHAINS_MAX_VALUES = 2000

@@ -316,7 +316,7 @@ def test_local_search_stops_when_it_stalls():
     # stall_s=0: nothing can beat the best start in no time, so the search returns that start;
     # with time to search it beats the best start on some of the same problems
     from solvers.peak_candidates import _frontier
-    from solvers.peak_search import improve_saved_sets
+    from solvers.peak_search import StallClock, improve_saved_sets
     beaten = 0
     for seed in range(40):
         p = _problem(seed)
@@ -331,6 +331,17 @@ def test_local_search_stops_when_it_stalls():
             continue
         stalled = improve_saved_sets(p, starts, peak_budget, time_limit_s=1e9, stall_s=0.0)
         assert stalled.peak <= peak_budget and stalled.cost == pytest.approx(min(fitting))
-        searched = improve_saved_sets(p, starts, peak_budget, time_limit_s=5)
+        clock = StallClock()
+        searched = improve_saved_sets(p, starts, peak_budget, time_limit_s=5, clock=clock)
         beaten += searched.cost < min(fitting) - 1e-12
+        # the clock keeps the best seen and the search time since the last gain
+        assert clock.best_seen == (0, pytest.approx(searched.cost)) and clock.quiet_s >= 0
+        # a search resuming that one as if it had gone 11 s without a gain, with a stall of 10 s,
+        # stops at once (with its best start), where a fresh one with the same stall beats it
+        clock.quiet_s = 11.0
+        resumed = improve_saved_sets(p, starts, peak_budget, time_limit_s=1e9, stall_s=10.0, clock=clock)
+        assert resumed.cost == pytest.approx(min(fitting)) and clock.quiet_s >= 11.0
+        if searched.cost < min(fitting) - 1e-12:
+            fresh = improve_saved_sets(p, starts, peak_budget, time_limit_s=5, stall_s=10.0)
+            assert fresh.cost < min(fitting) - 1e-12
     assert beaten > 0
