@@ -7,7 +7,7 @@ with recomputation just in time; values freed after their last use). ``solve_pea
   of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible), raised by
   cutting planes where its plan overshoots the simulation (``solvers.peak_cuts``);
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
-  budgets; cheap candidates (``solvers.peak_candidates``: min-cut,
+  budgets, and repaired where they nearly fit (``solvers.peak_repair``); cheap candidates (``solvers.peak_candidates``: min-cut,
   checkpointing, callers' plans); on graphs of repeated layers, a dynamic program over the layers
   taking each from a different plan (``solvers.peak_layers``); grafts of the cheaper plans that
   overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model
@@ -56,7 +56,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     1. The relaxation of ``solvers.peak_bound`` (HiGHS) gives the bound, and proves a budget
        infeasible when it admits no plan. Its plan often fits the exact simulation: then it is
        optimal up to the solver's gap.
-    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot;
+    2. Otherwise plans that fit: the relaxation re-solved at budgets lowered by its overshoot,
+       its plans within ``NEAR_FIT`` of the budget repaired (``solvers.peak_repair``);
        every plan the project can make cheaply (min-cut across its trade-off, checkpointing every
        k-th residual value, ``hint_saved`` and ``candidates`` such as torch's or the default
        plan); on graphs of repeated layers, each layer from a different plan seen
