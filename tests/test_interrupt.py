@@ -19,8 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    # SIGINT back to its default in the child: a test process started in the background by a
+    # shell without job control (`nohup cmd &`) ignores SIGINT, and its children would inherit that
     return subprocess.Popen([sys.executable] + args, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> str:
