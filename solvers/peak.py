@@ -7,12 +7,13 @@ with recomputation just in time; values freed after their last use). ``solve_pea
   of ``solvers.peak_bound`` solved by HiGHS (which also proves budgets infeasible), raised by
   cutting planes where its plan overshoots the simulation (``solvers.peak_cuts``);
 * plans that fit, judged by the exact simulation: the relaxation's plans re-solved at lowered
-  budgets, and repaired where they nearly fit (``solvers.peak_repair``); cheap candidates (``solvers.peak_candidates``: min-cut,
-  checkpointing, callers' plans); on graphs of repeated layers, a dynamic program over the layers
-  taking each from a different plan (``solvers.peak_layers``); grafts of the cheaper plans that
-  overshoot onto the best one that fits (``solvers.peak_graft``); on small graphs the stage model
-  (``solvers.peak_stages``); the local search of ``solvers.peak_search`` from all, until it stalls
-  (on big graphs only while no plan fits);
+  budgets, and repaired where they nearly fit (``solvers.peak_repair``); cheap candidates
+  (``solvers.peak_candidates``: min-cut, checkpointing, callers' plans); on graphs of repeated
+  layers, a dynamic program over the layers taking each from a different plan
+  (``solvers.peak_layers``); grafts of the cheaper plans that overshoot onto the best one that
+  fits (``solvers.peak_graft``); on small graphs the stage model (``solvers.peak_stages``); the
+  local search of ``solvers.peak_search`` from all, until it stalls (on big graphs only while no
+  plan fits);
 * it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
 """
 
@@ -37,9 +38,8 @@ from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEAR
                             CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, REPAIR_SHARE, NEAR_DONE_GAPS,
                             GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
                             LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
-                            STAGE_MODEL_MAX_VALUES,
-                            MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING, CUT_STALL_ROUNDS, CUT_STALL_GAIN,
-                            PROBING_MAX_VALUES)
+                            STAGE_MODEL_MAX_VALUES, MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING,
+                            CUT_STALL_ROUNDS, CUT_STALL_GAIN, PROBING_MAX_VALUES)
 from .peak_stages import _solve_model
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -62,8 +62,8 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
        k-th residual value, ``hint_saved`` and ``candidates`` such as torch's or the default
        plan); on graphs of repeated layers, each layer from a different plan seen
        (``solvers.peak_layers``); grafts of the cheaper plans that overshoot onto the best that
-       fits (``solvers.peak_graft``); on small graphs the stage model below; then the local search of
-       ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
+       fits (``solvers.peak_graft``); on small graphs the stage model below; then the local
+       search of ``solvers.peak_search`` from all of these, judged by the exact simulation, until it finds
        nothing 0.3% better for ``STALL_SHARE`` of the time limit.
     3. Cutting planes raise the bound: rows at steps where the relaxation's plan overshoots
        the simulation (first where the relaxation is tight, then next to steps cut already and
