@@ -35,9 +35,9 @@ from .peak_search import DEBUG as _DEBUG, StallClock, improve_saved_sets
 from .peak_settings import (FULL_EFFORT_VALUES, MIN_EFFORT_S, EFFORT_POWER, SEARCH_SHARE,
                             SEARCH_MAX_VALUES, FINISH_SHARE, STALL_SHARE, STALL_MIN_S, DEFAULT_GAP,
                             RELAX_SHARE, SHRINK_SHARE, CUT_SHARE, CUTS_PER_ROUND, CUT_FIRST_SHARE,
-                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, REPAIR_SHARE, NEAR_DONE_GAPS,
-                            GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE, LAYERS_RELAX_LOOSER,
-                            LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
+                            CUT_FIRST_NO_PLAN_SHARE, CUT_NO_PLAN_SHARE, NEAR_FIT, REPAIR_SHARE,
+                            NEAR_DONE_GAPS, GRAFT_PLANS, GRAFT_SHARE, ROUND_GRAFT_SHARE, LAYERS_SHARE,
+                            LAYERS_RELAX_LOOSER, LAYERS_RELAX_SHARE, LAYERS_MAX_COST_RATIO, RELAX_GAP_SHARE,
                             STAGE_MODEL_MAX_VALUES, MIN_RESOLVE_SHARE, SHRINK_SHARE_MIXING,
                             CUT_STALL_ROUNDS, CUT_STALL_GAIN, PROBING_MAX_VALUES)
 from .peak_stages import _solve_model
@@ -388,12 +388,14 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     graft(GRAFT_SHARE * time_limit_s)
     # cut rounds run before the local search and again last, with this share kept for them
     reserved = CUT_SHARE * time_limit_s if relaxed_curve is not None and overshoot > 0 else 0.0
+    # once a plan fits, the local search runs on graphs up to SEARCH_MAX_VALUES only (see below)
+    search_once_fit = len(problem.candidates) <= SEARCH_MAX_VALUES
     # a first turn of cut rounds before the local search, seeding it with their plans (measured,
     # 32-layer small LLaMA: gap 2.4% -> 0.26% at 0.8x the min-cut peak, 1.3% -> 1.2% at 0.6x;
     # the 7B shape's 0.3x-0.6x solves unchanged). While no plan fits, a shorter turn: the search
     # needs the time (measured, 4-layer GPT at 3/4 of floor..min-cut: its plan took 60 s instead
     # of 10 s), yet the cuts can prove the budget infeasible (ResNet at 1/4: 1.8 s instead of 14 s)
-    if reserved and best_plan is not None and len(problem.candidates) > SEARCH_MAX_VALUES:
+    if reserved and best_plan is not None and not search_once_fit:
         # no local search follows (see below): one turn, its first round given all the time left
         # (measured, 7B shape at 0.45x: that round's HiGHS solve, given 19.8 s, raised the bound
         # to 0.1719 or, where it ran slower, stopped at its root's 0.1687: a gap of 3.9% or 5.7%)
@@ -436,7 +438,7 @@ def _solve_peak(problem: Problem, peak_budget: int, budget: int | None, *, stage
     # there its descents gained nothing once a plan fit, and the last cut rounds get the time
     # (measured, 32-layer small LLaMA at 0.6x: gaps 0.95/0.24/1.6% in 35-56 s, was 1.1-2.2% in 56 s)
     soft = max(0.0, min(left(), deadline - time.perf_counter()))
-    if not done() and soft > 0 and (best_plan is None or len(problem.candidates) <= SEARCH_MAX_VALUES):
+    if not done() and soft > 0 and (best_plan is None or search_once_fit):
         search(max(soft - reserved, min(soft, STALL_MIN_S)), STALL_SHARE * time_limit_s, [])
     if best_plan is None and reserved and left() > 0:
         # still nothing fits: more cut rounds before the long search, as they may prove the budget

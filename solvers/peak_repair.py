@@ -23,7 +23,8 @@ REPAIR_TRIES = 24
 REPAIR_STEPS = 3
 
 
-def _removes_live(problem: Problem, st: SearchState, closed: tuple[frozenset[str], frozenset[str], float]) -> bool:
+def _removes_live(problem: Problem, st: SearchState,
+                  closed: tuple[frozenset[str], frozenset[str], float]) -> bool:
     """The move frees something live at the peak: a value no longer saved or recomputed there.
     (``st.live`` names storages of saved and forward buffers, values of recomputed ones.)"""
     kept, recomputed, _ = closed
