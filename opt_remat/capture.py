@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from .canonical import input_roles
 
@@ -34,7 +34,9 @@ class JointGraph:
 
     def copy(self) -> "JointGraph":
         """A deep copy: partitioners mutate the graph they are given."""
-        return JointGraph(copy.deepcopy(self.module), self.num_fwd_outputs,
+        with unset_fake_temporarily():
+            module = copy.deepcopy(self.module)
+        return JointGraph(module, self.num_fwd_outputs,
                           list(self.static_lifetime_input_indices or []),
                           list(self.input_roles) if self.input_roles is not None else None)
 
@@ -157,7 +159,11 @@ def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], examp
     seen: list[JointGraph] = []
 
     def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
-        seen.append(JointGraph(copy.deepcopy(joint), kw["num_fwd_outputs"],
+        # AOTAutograd's fake mode is active here; a joint graph holding a real constant tensor
+        # (HF models' rotary tables, causal masks) cannot be deep-copied under it.
+        with unset_fake_temporarily():
+            module = copy.deepcopy(joint)
+        seen.append(JointGraph(module, kw["num_fwd_outputs"],
                                kw.get("static_lifetime_input_indices"), roles))
 
     be = _capturing_backend(compiler, decompositions, record)
