@@ -13,7 +13,7 @@ _EXPORTS = {
     "Partitioner": "api", "PartitionRecord": "api", "backend": "api", "partitioner": "api",
     "GraphError": "build", "build_problem": "build",
     "PROFILES": "costs", "DeviceProfile": "costs", "get_profile": "costs",
-    "unwrap": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
+    "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
     "BudgetError": "solve", "PeakBudgetError": "solve", "SolveInterrupted": "solve",
 }
 

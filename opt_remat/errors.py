@@ -2,10 +2,19 @@
 
 torch.compile wraps every error a backend raises in ``torch._dynamo.exc.BackendCompilerFailed``,
 except the ones derived from dynamo's ``ShortenTraceback``, which it re-raises as they are. So
-``opt_remat.backend`` re-raises its budget and graph errors as subclasses of both the opt-remat
+``opt_remat.backend`` re-raises its budget, graph and plan-file errors as subclasses of both the opt-remat
 class and ``ShortenTraceback``: ``except opt_remat.BudgetError`` then works around the call. For
 errors wrapped elsewhere (a user's own ``aot_autograd(partition_fn=...)`` backend), ``unwrap``
 finds the opt-remat error inside.
+
+The errors a user can cause, all ``ValueError``s naming the cause and the fix:
+- on building a partitioner or backend: a budget, peak budget, solver, option, device or costs
+  setting that is not valid (``ValueError``); a plan file that cannot be read (``PlanMismatchError``);
+- on the compiled model's first call, passed through torch.compile as they are (``USER_ERRORS``):
+  ``BudgetError`` (no plan saves within the budget), ``PeakBudgetError`` (none peaks within the peak
+  budget), ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
+  made for another graph: shapes, model, compiler or torch version differ).
+Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``) with the best plan found.
 """
 
 from __future__ import annotations
@@ -13,14 +22,18 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from solvers.plans_io import PlanMismatchError
+
 from .build import GraphError
 from .solve import BudgetError, PeakBudgetError
 
-USER_ERRORS = (BudgetError, PeakBudgetError, GraphError)  # the user's to fix; never fallen back from
+# the user's to fix, raised while torch.compile compiles; never fallen back from
+USER_ERRORS = (BudgetError, PeakBudgetError, GraphError, PlanMismatchError)
 
 
 def unwrap(exc: BaseException) -> BaseException:
-    """The opt-remat error (``BudgetError``, ``PeakBudgetError``, ``GraphError``) behind ``exc``
+    """The opt-remat error (``BudgetError``, ``PeakBudgetError``, ``GraphError``,
+    ``PlanMismatchError``) behind ``exc``
     (e.g. torch's ``BackendCompilerFailed``), following ``inner_exception`` and causes; ``exc``
     itself when there is none."""
     seen: set[int] = set()

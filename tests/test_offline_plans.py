@@ -138,13 +138,12 @@ def test_fake_capture_plan_trains_the_real_model(plans, compiler, kind):
 
 
 def _refusal(model, x, backend) -> str:
-    with pytest.raises(Exception) as info:
+    """The refusal's message; it reaches the caller of the compiled model as the exported
+    opt_remat.PlanMismatchError itself, not wrapped in torch's BackendCompilerFailed."""
+    with pytest.raises(opt_remat.PlanMismatchError) as info:
         _train(model, x, backend)
-    exc = info.value
-    while exc is not None and not isinstance(exc, PlanMismatchError):
-        exc = getattr(exc, "inner_exception", None) or exc.__cause__
-    assert exc is not None, info.value
-    return str(exc)
+    assert isinstance(info.value, PlanMismatchError) and opt_remat.unwrap(info.value) is info.value
+    return str(info.value)
 
 
 def test_plan_refused_for_other_shapes_layers_or_compiler(plans):
@@ -160,6 +159,20 @@ def test_plan_refused_for_other_shapes_layers_or_compiler(plans):
 
     msg = _refusal(_factory()(), _tokens(), opt_remat.backend(plan=path, compiler="inductor"))
     assert "compiler" in msg and "compiler='eager'" in msg and "compiler='inductor'" in msg
+
+
+def test_unwrap_finds_the_plan_mismatch_inside_torchs_wrapping(plans):
+    """A user's own aot_autograd backend does not pass the error through: unwrap finds it."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    pfn = opt_remat.partitioner(plan=str(plans["eager", "saved"][0]))
+    own = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=pfn)
+    with pytest.raises(Exception) as info:
+        _train(_factory()(), _tokens(batch=4), own)
+    assert not isinstance(info.value, opt_remat.PlanMismatchError)
+    inner = opt_remat.unwrap(info.value)
+    assert isinstance(inner, opt_remat.PlanMismatchError) and "int64[4, 32]" in str(inner)
 
 
 def test_graph_breaks_get_a_plan_each(tmp_path):
