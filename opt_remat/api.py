@@ -20,7 +20,7 @@ from torch._functorch import partitioners as tp
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
-from solvers.budget import Fraction, parse_budget
+from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.plans_io import read_plan_file
 
 from .build import build_problem, classify, prepare_joint
@@ -29,6 +29,7 @@ from .costs import DeviceProfile, get_profile
 from .errors import catchable
 from .lower import lower_plan
 from .options import TORCH_SOLVER, check_solver_options, default_solver_options
+from .report import format_seconds
 from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
 from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
@@ -44,9 +45,10 @@ def auto_lam(profile: DeviceProfile) -> float:
     return AUTO_LAM_FRACTION_OF_BANDWIDTH * profile.bandwidth
 
 
-@dataclass
+@dataclass(repr=False)
 class PartitionRecord:
-    """What one call of the partitioner decided, kept for reports and tests."""
+    """What one call of the partitioner decided, kept for reports and tests. ``str()``/``repr()``
+    give a one-line summary; the fields (``problem``, ``plan``, the two graph modules) hold the rest."""
     problem: Problem
     plan: Plan
     budget_bytes: int | None
@@ -58,6 +60,17 @@ class PartitionRecord:
     # first use, as reports and plan files need them and a partition does not
     canonical: tuple[list[dict[str, Any]], str] | Callable[[], tuple[list[dict[str, Any]], str]] = \
         field(default=([], ""), repr=False)
+
+    def __repr__(self) -> str:
+        plan = self.plan
+        budget = "" if self.budget_bytes is None else f" (budget {format_bytes(self.budget_bytes)})"
+        gap = "" if plan.gap is None else f", gap {plan.gap:.2%}"
+        return (f"PartitionRecord({plan.solver}, {plan.status.value}{gap}: saves {len(plan.saved)} values, "
+                f"{format_bytes(plan.saved_bytes)}{budget}; recomputes {len(plan.recomputed)}, "
+                f"{format_seconds(plan.recompute_cost)}; {len(self.problem.nodes)} nodes; "
+                f"partitioned in {format_seconds(self.seconds)})")
+
+    __str__ = __repr__
 
     @property
     def values(self) -> list[dict[str, Any]]:

@@ -1,18 +1,14 @@
-"""The ``opt-remat`` command line.
+"""The ``opt-remat`` command line: ``run``, ``solve``, ``show``, ``compare``, ``demo``.
 
-    opt-remat run CONFIG [--set key=value ...] [--jobs N] [--executor process|ray]
-    opt-remat solve CONFIG [--solver S] [--budget B] -o plan.json [--set key=value ...]
-    opt-remat show plan.json
-    opt-remat compare runs/a runs/b
-    opt-remat demo [--model gpt2] [--solvers mincut cpsat] [--budget 0.5]
-
-Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong.
+Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
+Ctrl-C exits with 130. ``--help`` texts are plain text (``DESCRIPTION``, ``RUN_EPILOG``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,8 +19,47 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
+DESCRIPTION = """\
+Choose which activations a PyTorch training step saves for the backward and which it recomputes.
+
+examples:
+  opt-remat demo --model gpt2 --solvers mincut cpsat --budget 0.5
+  opt-remat run configs/mlp.yaml                      solve, check and report every pair of a config
+  opt-remat solve configs/llama.yaml --budget 0.5 -o plan.json
+  opt-remat show plan.json
+  opt-remat compare runs/a runs/b
+
+Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
+Ctrl-C exits with 130. 'opt-remat COMMAND --help' describes each command."""
+
+RUN_EPILOG = """\
+output folder (the config's output.dir; default runs/CONFIG-NAME beside the config file):
+  results.json, results.csv   one record per (budget, solver) pair, rewritten after every pair
+  summary.txt                 the summary table printed at the end
+  pareto.png, memory.png      saved memory vs recompute cost; live memory during the step
+  plans/BUDGET__SOLVER.json   each plan, for opt_remat.backend(plan=...) or 'opt-remat show'
+
+resume: an interrupted run (Ctrl-C, a crash) keeps the pairs it finished; running the same
+command again skips every pair whose budget, solver and options are unchanged and solves the
+rest. Delete the output folder to start over."""
+
+BUDGET_HELP = ("a fraction in [0, 1] of the way from the least-memory plan to torch's min-cut plan "
+               "(0.5), or bytes ('2MiB', '1.5GB', 1500000)")
+
+
 class UsageError(ValueError):
     """Bad command-line input (exit 2)."""
+
+
+def _para(text: str) -> str:
+    """A paragraph of --help text wrapped at 100 columns (the help formatter keeps it as it is)."""
+    import textwrap
+    return textwrap.fill(text, 100)
+
+
+def _solver_names() -> str:
+    from .options import known_solvers
+    return ", ".join(known_solvers())
 
 
 def _err(message: str) -> None:
@@ -79,21 +114,27 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def cli_budget(text: str | None) -> int | float | str | None:
-    """A budget as typed: "0.5" is a fraction, "1500000" bytes, "2MiB"/"1e9" bytes."""
+    """A budget as typed, read as the config's budgets are (a YAML value, then ``parse_budget``):
+    "0.5" is a fraction, "1500000" or "2MiB" bytes, and a float above 1 ("2.0") is refused."""
+    import yaml
+
+    from solvers.budget import parse_budget
+
     if text is None:
         return None
-    t = text.strip()
-    if t.lower() in ("none", "null", ""):
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    if value is None:
         return None
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] or bytes such as '2MiB', got {text!r}")
     try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        value = float(t)
-    except ValueError:
-        return t
-    return value if 0.0 <= value <= 1.0 else t
+        parse_budget(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 # ---- run -------------------------------------------------------------------------------------------
@@ -223,57 +264,76 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"{name_b}: {args.b} ({b.name}, graph {b.fingerprint.get('graph_hash')})")
     if a.fingerprint.get("graph_hash") != b.fingerprint.get("graph_hash"):
         print("note: the two runs solved different graphs")
-    print(compare_table(a.records, b.records, name_a, name_b))
+    width = args.width or shutil.get_terminal_size((120, 24)).columns
+    print(compare_table(a.records, b.records, name_a, name_b, width=max(width, 40)))
     return 0
 
 
 # ---- main --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opt-remat", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="opt-remat", description=DESCRIPTION, formatter_class=raw)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    solvers = _solver_names()
 
-    run = sub.add_parser("run", help="solve every (budget, solver) pair of a YAML config, verify, report")
+    run = sub.add_parser("run", help="solve every (budget, solver) pair of a YAML config, verify, report",
+                         description=_para("Capture the config's model once, solve every (budget, solver) pair, "
+                                           "check each plan's gradients and memory, and write the results "
+                                           "(a rerun resumes: see below)."),
+                         epilog=RUN_EPILOG, formatter_class=raw)
     run.add_argument("config", help="a YAML run configuration (see configs/)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config value (YAML), e.g. --set budgets=[0.5] --set solvers.1.time_limit_s=5")
-    run.add_argument("--jobs", type=int, default=1, help="solve pairs in N parallel processes")
+    run.add_argument("--jobs", type=int, default=1, help="solve pairs in N parallel processes (default 1)")
     run.add_argument("--executor", choices=["process", "ray"], default="process",
                      help="where the --jobs workers run: local processes (default) or a ray cluster "
                           "(pip install 'opt-remat[ray]')")
     run.set_defaults(func=_run)
 
-    solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan")
+    solve = sub.add_parser("solve", help="solve one (budget, solver) pair of a config and save the plan",
+                           description=_para("Solve a config's model at one budget with one solver and write the "
+                                             "plan file that opt_remat.backend(plan=...) applies in training."))
     solve.add_argument("config", help="a YAML run configuration: its model, capture settings, budgets and solvers")
-    solve.add_argument("--solver", default=None,
-                       help="a solver name or a label from the config; default: the config's first solver")
+    solve.add_argument("--solver", default=None, metavar="SOLVER",
+                       help=f"a solver ({solvers}) or a label from the config; default: the config's first solver")
     solve.add_argument("--budget", default=None,
-                       help="a budget as the config's budgets are written: a fraction (0.5), bytes ('2MiB'), "
-                            "or a peak ('{peak: 700KiB}'); default: every budget of the config, a plan file each")
+                       help=f"{BUDGET_HELP}, or a peak ('{{peak: 700KiB}}'), as the config's budgets are written; "
+                            "default: every budget of the config, a plan file each")
     solve.add_argument("-o", "--output", required=True,
                        help="the plan file to write (JSON); with several budgets, NAME-BUDGET.json each")
-    solve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
+    solve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (YAML)")
     solve.set_defaults(func=_solve)
 
-    show = sub.add_parser("show", help="what a saved plan saves and recomputes, by op")
-    show.add_argument("plan")
+    show = sub.add_parser("show", help="what a saved plan saves and recomputes, by op",
+                          description=_para("Print what a plan file was made for and what its plans save and "
+                                            "recompute, grouped by op, with the modules they come from."))
+    show.add_argument("plan", help="a plan file written by 'opt-remat solve' or by 'run' (OUT/plans/*.json)")
     show.add_argument("--names", action="store_true", help="list the values of each op too")
     show.set_defaults(func=_show)
 
-    compare = sub.add_parser("compare", help="two result sets side by side")
-    compare.add_argument("a", help="a run's output folder (or its results.json)")
-    compare.add_argument("b")
+    compare = sub.add_parser("compare", help="two result sets side by side",
+                             description=_para("Two runs' results pair by pair: saved bytes, recompute cost and "
+                                               "solve time of each, with relative changes (B against A)."))
+    compare.add_argument("a", help="the first run: an output folder of 'opt-remat run' (or its results.json)")
+    compare.add_argument("b", help="the second run, compared against the first")
     compare.add_argument("--label", nargs=2, metavar=("A", "B"), help="column labels (default A B)")
+    compare.add_argument("--width", type=int, default=None,
+                         help="wrap the table to this many characters (default: the terminal's width, "
+                              "120 when not a terminal)")
     compare.set_defaults(func=_compare)
 
-    demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it")
+    demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it",
+                          description=_para("Partition a built-in model's training step with each solver and check "
+                                            "its gradients against saving everything."))
     demo.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "resnet", "mlp"],
                       help="the built-in model to partition (default gpt2, with dropout)")
     demo.add_argument("--layers", type=int, default=2, help="blocks of gpt2, llama or mlp (default 2)")
     demo.add_argument("--batch", type=int, default=2, help="batch size of the example inputs (default 2)")
-    demo.add_argument("--solvers", nargs="+", default=["mincut"],
-                      help="solvers to compare, each checked against save-all's gradients (default mincut)")
-    demo.add_argument("--budget", default=None, help="saved bytes ('2MiB') or a fraction (0.5)")
+    demo.add_argument("--solvers", nargs="+", default=["mincut"], metavar="SOLVER",
+                      help=f"solvers to compare, each checked against save-all's gradients (default mincut); "
+                           f"one or more of: {solvers}")
+    demo.add_argument("--budget", default=None, type=cli_budget,
+                      help=f"the saved-activation budget: {BUDGET_HELP}; default: none (torch's setting)")
     demo.add_argument("--device", default="h100",
                       help="the device profile recompute costs are estimated for (h100, a100, ...)")
     demo.set_defaults(func=_demo)
@@ -289,8 +349,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # imported after parsing: --help answers without importing torch
     from .runs import ConfigError, RunError
 
-    if args.command == "demo":
-        args.budget = cli_budget(args.budget)
     try:
         rc = args.func(args)
         sys.stdout.flush()  # a reader that went away (| head) shows here, handled below

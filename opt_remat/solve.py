@@ -157,7 +157,8 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
     _raise_if_interrupted(problem, plan, budget)
     if plan.status is Status.INFEASIBLE and budget is not None and plan.saved_bytes > budget:
         raise BudgetError(budget, _min_feasible(problem, None),
-                          f"solver {solver!r} cannot get below {plan.saved_bytes} bytes; an optimizing "
+                          f"solver {solver!r} cannot get below {format_bytes(plan.saved_bytes)} ({plan.saved_bytes} "
+                          "bytes); an optimizing "
                           "solver (cpsat, milp, mincut) reaches the smallest")
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:

@@ -13,6 +13,7 @@ from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 
 from solvers import Plan, Problem, Status, recompute_closure
+from solvers.budget import format_bytes
 
 
 def _annotate_dist_from_bw(joint_module: fx.GraphModule, info: tp.NodeInfo) -> None:
@@ -63,7 +64,7 @@ def plan_of_saved_set(problem: Problem, saved: set[str], *, solver: str, budget:
         notes.append(f"recomputes {len(banned)} value(s) opt-remat never recomputes "
                      f"(e.g. {', '.join(shown)}): random ops give different gradients")
     if over:
-        notes.append(f"exceeds the budget: {saved_bytes} > {budget} bytes")
+        notes.append(f"exceeds the budget: {format_bytes(saved_bytes)} > {format_bytes(budget)}")
     return Plan(saved=kept, recomputed=frozenset(recomputed), saved_bytes=saved_bytes,
                 recompute_cost=problem.recompute_cost(recomputed), solver=solver,
                 status=Status.INFEASIBLE if over else Status.HEURISTIC, solve_time_s=solve_time_s,

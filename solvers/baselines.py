@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .budget import format_bytes
 from .liveness import narrow_cut_values
 from .mincut import InfeasibleError, lam_range, solve_mincut
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
@@ -94,7 +95,7 @@ def _finish(problem: Problem, saved: frozenset[str] | set[str], *, solver: str, 
     status = Status.HEURISTIC
     if budget is not None and plan.saved_bytes > budget:
         status = Status.INFEASIBLE
-        over = (f"{solver} reaches {plan.saved_bytes} saved bytes, over the budget of {budget}")
+        over = (f"{solver} reaches {format_bytes(plan.saved_bytes)} saved, over the budget of {format_bytes(budget)}")
         message = f"{over}; {message}" if message else over
     return replace(plan, status=status, message=message,
                    solve_time_s=time.perf_counter() - start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Iterable, Sequence
 
 _UNITS = {
     "": 1, "b": 1,
@@ -52,10 +53,36 @@ def parse_budget(budget: int | float | str | None) -> int | Fraction | None:
                      f"got {type(budget).__name__}")
 
 
-def format_bytes(n: float | None) -> str:
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def byte_unit(n: float) -> str:
+    """The largest binary unit ``n`` bytes is at least one of (``"B"`` below 1 KiB)."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if abs(n) >= BYTE_UNITS[unit]:
+            return unit
+    return "B"
+
+
+def format_bytes(n: float | None, unit: str | None = None) -> str:
+    """``n`` bytes as text, in ``unit`` ("B", "KiB", ..., "TiB") or the one that suits ``n``: every
+    byte count opt-remat prints goes through here. None is "-"."""
     if n is None:
         return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    unit = unit or byte_unit(n)
+    if unit == "B":
+        return f"{round(n)} B"
+    return f"{n / BYTE_UNITS[unit]:.2f} {unit}"
+
+
+def column_unit(values: Iterable[float | None]) -> str:
+    """One unit for a column of byte counts: the one that suits its largest value, so a column
+    never mixes ``1014.00 KiB`` with ``1.01 MiB``."""
+    sizes = [abs(v) for v in values if v is not None]
+    return byte_unit(max(sizes)) if sizes else "B"
+
+
+def format_bytes_column(values: Sequence[float | None]) -> list[str]:
+    """``format_bytes`` of each value, all in the column's unit (``column_unit``)."""
+    unit = column_unit(values)
+    return [format_bytes(v, unit) for v in values]

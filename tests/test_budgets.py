@@ -110,3 +110,10 @@ def test_default_solver_under_a_budget_is_near_the_exact_optimum(name):
         be = opt_remat.backend("mincut", fraction, compiler="eager", decompositions="inductor")
         training_step(model, inputs, be, seed=5)
         assert be.partitioner.history[-1].plan.solver == "mincut"
+
+
+def test_byte_columns_keep_one_unit():
+    from solvers.budget import format_bytes, format_bytes_column
+    assert format_bytes(1014 * 1024) == "1014.00 KiB" and format_bytes(1.01 * 2**20) == "1.01 MiB"
+    assert format_bytes_column([1014 * 1024, 1.01 * 2**20, None, 0]) == ["0.99 MiB", "1.01 MiB", "-", "0.00 MiB"]
+    assert format_bytes_column([12, 1000]) == ["12 B", "1000 B"] and format_bytes(3 * 2**30, "MiB") == "3072.00 MiB"

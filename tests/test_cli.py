@@ -171,11 +171,19 @@ def test_compare_two_runs(tiny_run, tmp_path, capsys):
                  "--set", "verify.gradients=false", "--set", "output.formats=[json]"]) == 0
     assert not (other / "pareto.png").exists() and not (other / "results.csv").exists()
     capsys.readouterr()
-    assert main(["compare", str(out), str(other)]) == 0
+    assert main(["compare", str(out), str(other), "--width", "400"]) == 0
     text = capsys.readouterr().out
     assert "saved A" in text and "saved B" in text
     rows = [ln for ln in text.splitlines() if ln.startswith("0.5 ") or ln.startswith("0.2 ")]
     assert len(rows) == 6 and sum("(none)" in r for r in rows) == 3  # 0.2 is only in A
+    wide = max(len(ln) for ln in text.splitlines()[3:])
+    # narrower: the same rows in blocks of columns, each repeating budget and solver
+    assert main(["compare", str(out), str(other), "--width", "80"]) == 0
+    narrow = capsys.readouterr().out.splitlines()[3:]
+    assert wide > 80 and max(len(ln) for ln in narrow) <= 80
+    rows = [ln for ln in narrow if ln.startswith("0.5 ") or ln.startswith("0.2 ")]
+    assert len(rows) % 6 == 0 and len(rows) > 6
+    assert {ln.split()[1] for ln in rows} == {ln.split()[1] for ln in text.splitlines() if ln.startswith("0.5 ")}
     assert main(["compare", str(out), str(tmp_path / "missing")]) == 2
 
 
@@ -291,6 +299,45 @@ def test_graph_file_config(tmp_path, monkeypatch, capsys):
 def test_demo_still_works(capsys):
     assert main(["demo", "--model", "mlp", "--layers", "1", "--solvers", "mincut", "--budget", "0.5"]) == 0
     assert "grads vs save-all" in capsys.readouterr().out
+
+
+def test_demo_budget_read_as_solve_and_yaml_read_it(tiny_run, tmp_path, capsys):
+    from opt_remat.cli import cli_budget
+    path, _ = tiny_run
+    assert main(["solve", str(path), "--budget", "2.0", "-o", str(tmp_path / "p.json")]) == 2
+    solve_detail = capsys.readouterr().err.strip().split("--budget 2.0: ", 1)[1]
+    for text in ("2.0", "1.5"):  # not 2 or 1 bytes: a float above 1 is no fraction
+        assert main(["demo", "--model", "mlp", "--budget", text]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.endswith(solve_detail.replace("2.0", text)) and "fraction in [0, 1]" in err
+    assert main(["demo", "--budget", "lots"]) == 2
+    assert "cannot parse budget 'lots'" in capsys.readouterr().err
+    assert [cli_budget(t) for t in ("0.5", "1", "1500000", "2MiB", "1e9", "null")] == [
+        0.5, 1, 1500000, "2MiB", "1e9", None]
+
+
+def test_help_is_plain_text_and_complete(capsys):
+    """Every command's --help: no reST markup, every argument explained, the solvers named, and
+    run's saying where results go and how a rerun resumes."""
+    from opt_remat.cli import build_parser
+    from opt_remat.options import known_solvers
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert set(commands) >= {"run", "solve", "show", "compare", "demo"}
+    texts = {}
+    for name in [None, *commands]:
+        assert main(["--help"] if name is None else [name, "--help"]) == 0
+        texts[name] = capsys.readouterr().out
+        assert "``" not in texts[name] and ":func:" not in texts[name], name
+    for name, sub in commands.items():
+        for action in sub._actions:
+            assert action.help, f"{name} {action.dest} has no help"
+    for name in ("solve", "demo"):
+        flat = " ".join(texts[name].split())
+        assert all(s in flat for s in known_solvers()), name
+    run_help = " ".join(texts["run"].split())
+    assert "resume" in run_help and "results.json" in run_help and "plans/" in run_help
 
 
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "checkmate"

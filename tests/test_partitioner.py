@@ -47,6 +47,20 @@ def test_gradients_match_save_all(name, decompositions):
     assert measured_saved_bytes(record.fw_module, record.num_fwd_outputs) == record.plan.saved_bytes
 
 
+def test_partition_record_prints_a_short_summary():
+    from solvers.budget import format_bytes
+    model, inputs = _model("llama")
+    be = opt_remat.backend("mincut", 0.5, compiler="eager")
+    training_step(model, inputs, be)
+    rec = be.partitioner.history[-1]
+    text = str(rec)
+    assert text == repr(rec) and "\n" not in text and len(text) < 250
+    assert (f"saves {len(rec.plan.saved)} values, {format_bytes(rec.plan.saved_bytes)}" in text
+            and f"recomputes {len(rec.plan.recomputed)}" in text and "mincut" in text)
+    # the full data is still there
+    assert rec.plan.saved and rec.fw_module.graph is not None and len(rec.problem.nodes) > 50
+
+
 def test_random_ops_are_never_recomputed_without_replay():
     model, inputs = _model("gpt-dropout")
     be = opt_remat.backend("mincut", compiler="eager", decompositions="inductor", lam=0.0, rng_replay=False)

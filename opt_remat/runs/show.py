@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from solvers.budget import format_bytes
+from solvers.budget import column_unit, format_bytes
 
-from ..report import table
+from ..report import format_seconds, table
 from .plan_files import short_op
-from .summary import format_seconds
 
 
 def made_for_lines(made_for: dict[str, Any]) -> list[str]:
@@ -79,9 +78,11 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
             else:
                 total = sum(nodes.get(m, {}).get(metric, 0) or 0 for m in members)
             modules = sorted({nodes.get(m, {}).get("module", "") for m in members} - {""})
-            rows.append({"op": op, "count": len(members),
-                         metric: format_bytes(total) if metric == "bytes" else format_seconds(total),
+            rows.append({"op": op, "count": len(members), metric: total,
                          "modules": (", ".join(modules[:4]) + (f" (+{len(modules) - 4})" if len(modules) > 4 else "")) or "-",
                          **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if names else {})})
+        unit = column_unit(r[metric] for r in rows)  # one unit down the column
+        for r in rows:
+            r[metric] = format_bytes(r[metric], unit) if metric == "bytes" else format_seconds(r[metric])
         print(f"\n{title} by op:")
         print(table(rows, list(rows[0])))

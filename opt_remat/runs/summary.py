@@ -9,23 +9,13 @@ from pathlib import Path
 from typing import Sequence
 
 from solvers import Plan, Problem
-from solvers.budget import format_bytes
+from solvers.budget import column_unit, format_bytes
 
+from ..report import format_seconds
 from .config import TORCH_SOLVER, Config
 from .results import Record
 from .util import write_atomic
 from .workload import Workload
-
-
-def format_seconds(s: float | None) -> str:
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "-"
-    if s == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(s) >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
 
 
 def verified_text(rec: Record, *, notes: bool = True) -> str:
@@ -39,11 +29,11 @@ def verified_text(rec: Record, *, notes: bool = True) -> str:
     return text + (f": {rec.verify_note}" if notes and rec.verify_note else "")
 
 
-def budget_bytes_text(rec: Record) -> str:
-    saved = format_bytes(rec.budget_bytes) if rec.budget_bytes is not None else ""
+def budget_bytes_text(rec: Record, unit: str | None = None) -> str:
+    saved = format_bytes(rec.budget_bytes, unit) if rec.budget_bytes is not None else ""
     if rec.peak_budget is None:
         return saved or "-"
-    return f"peak {format_bytes(rec.peak_budget)}" + (f", saved {saved}" if saved else "")
+    return f"peak {format_bytes(rec.peak_budget, unit)}" + (f", saved {saved}" if saved else "")
 
 
 def progress_line(i: int, n: int, rec: Record) -> str:
@@ -63,8 +53,13 @@ def progress_line(i: int, n: int, rec: Record) -> str:
 
 
 def summary_table(records: Sequence[Record]) -> str:
-    """One row per pair, the budget written once per group; notes (errors, checks) below."""
+    """One row per pair, the budget written once per group; notes (errors, checks) below. Each
+    column of bytes is in one unit (saved and measured share theirs)."""
     from ..report import table
+    units = {"bytes": column_unit([r.budget_bytes for r in records] + [r.peak_budget for r in records]),
+             "saved": column_unit([r.saved_bytes for r in records] + [r.measured_saved_bytes for r in records]),
+             "peak": column_unit(r.peak_bytes for r in records),
+             "grads": column_unit(r.peak_gradient_bytes for r in records)}
     rows = []
     last = None
     for rec in records:
@@ -73,14 +68,14 @@ def summary_table(records: Sequence[Record]) -> str:
         measured = rec.measured_saved_bytes
         rows.append({
             "budget": rec.budget if first else "",
-            "bytes": budget_bytes_text(rec) if first else "",
+            "bytes": budget_bytes_text(rec, units["bytes"]) if first else "",
             "solver": rec.solver,
             "status": rec.status,
-            "saved": format_bytes(rec.saved_bytes),
+            "saved": format_bytes(rec.saved_bytes, units["saved"]),
             "measured": "-" if measured is None else (
-                format_bytes(measured) + ("" if measured == rec.saved_bytes else " (!)")),
-            "step peak": format_bytes(rec.peak_bytes),
-            "of it grads": format_bytes(rec.peak_gradient_bytes),
+                format_bytes(measured, units["saved"]) + ("" if measured == rec.saved_bytes else " (!)")),
+            "step peak": format_bytes(rec.peak_bytes, units["peak"]),
+            "of it grads": format_bytes(rec.peak_gradient_bytes, units["grads"]),
             "recompute": format_seconds(rec.recompute_cost),
             "solve": format_seconds(rec.solve_time_s),
             "gap": "-" if rec.gap is None else f"{rec.gap:.2%}",
@@ -92,10 +87,13 @@ def summary_table(records: Sequence[Record]) -> str:
     return table(rows, list(rows[0])) + ("\n" + "\n".join(notes) if notes else "")
 
 
-def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b: str) -> str:
-    """Two runs' records side by side, pair by pair, with relative changes."""
+def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b: str, *,
+                  width: int | None = None) -> str:
+    """Two runs' records side by side, pair by pair, with relative changes (``d``: B against A).
+    Wider than ``width``: cut into blocks of columns, each repeating budget and solver."""
     from ..report import table
     ra, rb = {r.key: r for r in a}, {r.key: r for r in b}
+    unit = column_unit([r.saved_bytes for r in [*a, *b]])
     rows = []
     for key in list(ra) + [k for k in rb if k not in ra]:
         x, y = ra.get(key), rb.get(key)
@@ -110,8 +108,8 @@ def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b:
 
         rows.append({
             "budget": key[0], "solver": key[1],
-            f"saved {name_a}": format_bytes(x.saved_bytes) if x else "(none)",
-            f"saved {name_b}": format_bytes(y.saved_bytes) if y else "(none)",
+            f"saved {name_a}": format_bytes(x.saved_bytes, unit) if x else "(none)",
+            f"saved {name_b}": format_bytes(y.saved_bytes, unit) if y else "(none)",
             "saved d": delta("saved_bytes"),
             f"recompute {name_a}": format_seconds(x.recompute_cost if x else None),
             f"recompute {name_b}": format_seconds(y.recompute_cost if y else None),
@@ -119,9 +117,10 @@ def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b:
             f"solve {name_a}": format_seconds(x.solve_time_s if x else None),
             f"solve {name_b}": format_seconds(y.solve_time_s if y else None),
             f"status {name_a}/{name_b}": f"{x.status if x else '-'}/{y.status if y else '-'}",
-            f"verified {name_a}/{name_b}": f"{verified_text(x) if x else '-'}/{verified_text(y) if y else '-'}",
+            f"verified {name_a}/{name_b}": (f"{verified_text(x, notes=False) if x else '-'}/"
+                                            f"{verified_text(y, notes=False) if y else '-'}"),
         })
-    return table(rows, list(rows[0])) if rows else "(no results)"
+    return table(rows, list(rows[0]), width=width, keep=2) if rows else "(no results)"
 
 
 def mincut_hull(problem: Problem, max_cuts: int = 48) -> list[tuple[int, float]]:
