@@ -1,4 +1,4 @@
-"""The ``opt-remat`` command line: ``run``, ``solve``, ``show``, ``compare``, ``demo``.
+"""The ``opt-remat`` command line: ``run``, ``solve``, ``show``, ``compare``, ``report``, ``demo``.
 
 Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
 Ctrl-C exits with 130. ``--help`` texts are plain text (``DESCRIPTION``, ``RUN_EPILOG``).
@@ -28,6 +28,7 @@ examples:
   opt-remat solve configs/llama.yaml --budget 0.5 -o plan.json
   opt-remat show plan.json
   opt-remat compare runs/a runs/b
+  opt-remat report runs/mlp                           (re)write a finished run's report.html
 
 Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
 Ctrl-C exits with 130. 'opt-remat COMMAND --help' describes each command."""
@@ -36,6 +37,7 @@ RUN_EPILOG = """\
 output folder (the config's output.dir; default runs/CONFIG-NAME beside the config file):
   results.json, results.csv   one record per (budget, solver) pair, rewritten after every pair
   summary.txt                 the summary table printed at the end
+  report.html                 the interactive report: plots, tables, live memory per step (offline)
   pareto.png, memory.png      saved memory vs recompute cost; live memory during the step
   plans/BUDGET__SOLVER.json   each plan, for opt_remat.backend(plan=...) or 'opt-remat show'
 
@@ -269,6 +271,19 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- report ------------------------------------------------------------------------------------------
+def _report(args: argparse.Namespace) -> int:
+    from .runs.html_report import ReportError, report_run
+
+    print(f"capturing the graph of {args.run_dir} again ...", flush=True)
+    try:
+        path = report_run(args.run_dir)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"report written to {path} (opens in any browser, offline)")
+    return 0
+
+
 # ---- main --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
@@ -321,6 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="wrap the table to this many characters (default: the terminal's width, "
                               "120 when not a terminal)")
     compare.set_defaults(func=_compare)
+
+    report = sub.add_parser("report", help="write a finished run's interactive HTML report (report.html)",
+                            description=_para("(Re)write OUT/report.html for a run's output folder: one page that "
+                                              "opens offline, with the Pareto plot, the live memory of the step "
+                                              "per budget and plan, what each plan saves and recomputes, gradient "
+                                              "checks and solve times. 'run' writes it too (output format html). "
+                                              "The run's graph is captured again from the configuration stored in "
+                                              "results.json, and must be the graph the run solved."))
+    report.add_argument("run_dir", help="a run's output folder (the one holding results.json)")
+    report.set_defaults(func=_report)
 
     demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it",
                           description=_para("Partition a built-in model's training step with each solver and check "

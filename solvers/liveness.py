@@ -17,7 +17,7 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from .problem import Problem, Role
 
@@ -87,8 +87,11 @@ def forward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
     return [n.name for n in problem.nodes if n.name in needed]
 
 
-def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
-    """The live-bytes curve of the step under a plan that saves ``saved``.
+def simulate_plan(problem: Problem, saved: Iterable[str],
+                  on_step: Callable[[Mapping[str, int]], None] | None = None) -> MemoryCurve:
+    """The live-bytes curve of the step under a plan that saves ``saved``. ``on_step`` (for
+    reports) sees the live buffers after each step: ``{buffer: bytes}``, a buffer named by its
+    storage, or ``bw:VALUE`` for one made in the backward.
 
     Memory is tracked per buffer: in the forward a storage is one buffer; in the backward a
     recomputed value gets a fresh buffer (even if a saved view still holds the forward's copy of its
@@ -143,6 +146,8 @@ def simulate_plan(problem: Problem, saved: Iterable[str]) -> MemoryCurve:
                     live[b] = size[g]
                     total += size[g]
             steps.append((phase, name, total))
+            if on_step is not None:
+                on_step(live)
             if total > top[0]:
                 top[0], top[1] = total, frozenset(b[3:] if b.startswith("bw:") else b for b in live)
             for dead in frees.get(i, ()):

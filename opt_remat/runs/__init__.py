@@ -4,8 +4,9 @@
 errors; ``yaml_lines``: YAML with the line of every key, ``--set``) -> ``workload`` (capture once)
 -> ``execute`` (solve the pairs: here, in a process pool, or on Ray) -> ``verification`` (measured
 bytes, gradients) -> ``results`` (typed records, results.json/csv, resume) -> ``summary``,
-``plots``; ``plan_files`` and ``show`` for plan files, ``progress`` for the live display, and
-``loop`` for the run itself. Nothing here imports torch until a model is built.
+``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``);
+``plan_files`` and ``show`` for plan files, ``progress`` for the live display, and ``loop`` for
+the run itself. Nothing here imports torch until a model is built.
 """
 
 from .config import BudgetSpec, Config, ConfigError, SolverSpec, load_config

@@ -14,7 +14,7 @@ which budgets and solvers to run, what to verify, and where to write the results
     budgets: [1.0, 0.5, "2MiB"]
     solvers: [mincut, {name: cpsat, time_limit_s: 60, threads: 2}, greedy]
     verify: {gradients: true, measure_memory: true}
-    output: {dir: runs/gpt2, formats: [table, json, csv, plot], title: "GPT-2, 2 layers"}
+    output: {dir: runs/gpt2, formats: [table, json, csv, plot, html], title: "GPT-2, 2 layers"}
 
 A key is declared once, in the models below, with its type and default; ``load_config`` checks
 the document against them and then what types cannot say (budgets, solver options, the device,
@@ -47,7 +47,7 @@ __all__ = ["TORCH_SOLVER", "ConfigError", "Config", "BudgetSpec", "SolverSpec", 
 
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 INT_DTYPES = ["int64", "int32", "int16", "int8", "uint8", "bool"]
-FORMATS = ["table", "json", "csv", "plot"]
+FORMATS = ["table", "json", "csv", "plot", "html"]
 BUILTIN_FACTORIES = {"mlp", "gpt2", "llama", "resnet"}
 FloatDtype = Literal["float32", "float64", "float16", "bfloat16"]
 
@@ -154,7 +154,7 @@ class VerifySpec(_Section):
 
 class OutputSpec(_Section):
     dir: str | None = Field(None, min_length=1)  # default: runs/CONFIG-NAME beside the config
-    formats: list[Literal["table", "json", "csv", "plot"]] = list(FORMATS)
+    formats: list[Literal["table", "json", "csv", "plot", "html"]] = list(FORMATS)
     title: str | None = None  # the summary's and plots' title (default: the run's name)
 
     @field_validator("formats")

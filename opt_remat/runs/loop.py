@@ -83,6 +83,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
     display.message("")
     display.message(table)
     display.message(f"\nresults in {store.dir}")
+    if "html" in cfg.formats:
+        display.message(f"interactive report: {store.dir / 'report.html'} (opens in any browser, offline)")
     return RunSummary(store.dir, ordered, len(pending), reused, failed_verification(ordered))
 
 

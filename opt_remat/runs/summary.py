@@ -1,6 +1,6 @@
 """What a run says about its records: the progress line of each pair, the summary table, the
 comparison of two runs, the min-cut hull and the live-memory curves, and the report files
-(``summary.txt``, ``pareto.png``, ``memory.png``)."""
+(``summary.txt``, ``pareto.png``, ``memory.png``, ``report.html``)."""
 
 from __future__ import annotations
 
@@ -197,6 +197,9 @@ def write_reports(cfg: Config, work: Workload, records: Sequence[Record], hull: 
         memory_plot(memory_curves(work.problem, records, out_dir, forward_ends, grads), out_dir / "memory.png",
                     title=f"{cfg.title}: live memory during the step (simulated)", forward_ends=forward_ends,
                     peak_gradients=grads)
+    if "html" in cfg.formats:  # after results.json, which the page is read from
+        from .html_report import write_html_report
+        write_html_report(out_dir, work.problem)
     table = summary_table(records)
     if cfg.spec.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
         table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
