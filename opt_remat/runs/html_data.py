@@ -129,8 +129,7 @@ def curve_data(problem: Problem, saved: Iterable[str]) -> Curve:
     snapshots: list[tuple[int, list[str]]] = []
 
     def on_step(live: Mapping[str, int]) -> None:
-        largest = heapq.nlargest(TOP_LIVE, live.items(), key=lambda kv: (kv[1], kv[0]))
-        snapshots.append((len(live), [b for b, _ in largest]))
+        snapshots.append((len(live), heapq.nlargest(TOP_LIVE, live, key=live.__getitem__)))
 
     saved_set = set(saved)
     curve = simulate_plan(problem, saved_set, on_step)
