@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from solvers.budget import format_bytes
+from solvers.budget import BYTE_UNITS, byte_unit, format_bytes
 
 from .html_data import Curve, PlanView, RunReport
-from .plots import MIP_SOLVERS, _time_unit, _unit
+from ..report import format_seconds
+from .plots import MIP_SOLVERS, _time_unit
 from .results import Record
-from .summary import format_seconds, verified_text
+from .summary import verified_text
 
 # plotly's default colours, one per solver in the run's order, the same in every figure
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
@@ -39,6 +40,11 @@ def figures(report: RunReport) -> list[dict[str, Any]]:
 def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
     return {**BASE_LAYOUT, "title": {"text": title, "font": {"size": 15}}, "xaxis": {"title": {"text": x}},
             "yaxis": {"title": {"text": y}}, **extra}
+
+
+def _bytes_axis(top: float) -> tuple[str, float]:
+    unit = byte_unit(top)
+    return unit, float(BYTE_UNITS.get(unit, 1))
 
 
 def plan_hover(rec: Record) -> str:
@@ -73,7 +79,7 @@ def pareto_figure(report: RunReport, colors: dict[str, str]) -> dict[str, Any]:
     """Saved bytes against recompute cost: a line per solver through its budgets, the min-cut hull
     dashed; filled markers for proven optimal plans, a red ring around a failed gradient check."""
     points = [r for r in report.records if r.saved_bytes is not None and r.recompute_cost is not None]
-    bunit, bscale = _unit(max([r.saved_bytes for r in points] + [b for b, _ in report.hull], default=0))
+    bunit, bscale = _bytes_axis(max([r.saved_bytes for r in points] + [b for b, _ in report.hull], default=0))
     tunit, tscale = _time_unit(max([r.recompute_cost for r in points] + [c for _, c in report.hull], default=0))
     data: list[dict[str, Any]] = []
     if report.hull:
@@ -111,7 +117,7 @@ def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, 
     """Per budget, the simulated live memory over the step: a line per distinct plan (the solvers
     that found it named together), a marker at its peak, a dotted line where its forward ends."""
     top = max((max(c.live_bytes, default=0) for c in report.curves), default=0)
-    unit, scale = _unit(top)
+    unit, scale = _bytes_axis(top)
     budgets: dict[str, list[PlanView]] = {}
     for view in report.plans:
         budgets.setdefault(view.record.budget, []).append(view)

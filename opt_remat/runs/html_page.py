@@ -10,11 +10,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from solvers.budget import format_bytes
+from solvers.budget import column_unit, format_bytes
 
 from .html_data import TAGS, TOP_LIVE, RunReport
 from .html_figures import figures
-from .summary import budget_bytes_text, format_seconds, verified_text
+from ..report import format_seconds
+from .summary import budget_bytes_text, verified_text
 from .util import jsonable, write_atomic
 
 REPORT_FILE = "report.html"
@@ -54,7 +55,11 @@ def plans_table(report: RunReport) -> str:
     """Every pair: its plan's figures, its solve (time, gap, bound) and its gradient check; notes
     (why there is no plan, what a check noticed) below, by number."""
     rows, classes, notes, last = [], [], [], None
-    for rec in report.records:
+    recs = report.records  # one unit per column
+    saved_unit = column_unit([r.saved_bytes for r in recs] + [r.measured_saved_bytes for r in recs])
+    peak_unit = column_unit([r.peak_bytes for r in recs])
+    grads_unit = column_unit([r.peak_gradient_bytes for r in recs])
+    for rec in recs:
         first = rec.budget != last
         last = rec.budget
         measured = rec.measured_saved_bytes
@@ -65,11 +70,11 @@ def plans_table(report: RunReport) -> str:
             notes.append(f"<li>budget {_esc(rec.budget)} {_esc(rec.solver)}: {_esc(rec.note)}</li>")
         rows.append({"budget": rec.budget if first else "", "allows": budget_bytes_text(rec) if first else "",
                      "solver": rec.solver, "status": rec.status + (f" [{len(notes)}]" if rec.note else ""),
-                     "saved": format_bytes(rec.saved_bytes),
-                     "measured": "-" if measured is None else format_bytes(measured)
+                     "saved": format_bytes(rec.saved_bytes, saved_unit),
+                     "measured": "-" if measured is None else format_bytes(measured, saved_unit)
                      + ("" if measured == rec.saved_bytes else " (differs)"),
-                     "step peak": format_bytes(rec.peak_bytes),
-                     "of it gradients": format_bytes(rec.peak_gradient_bytes),
+                     "step peak": format_bytes(rec.peak_bytes, peak_unit),
+                     "of it gradients": format_bytes(rec.peak_gradient_bytes, grads_unit),
                      "recompute": format_seconds(rec.recompute_cost), "values saved/recomputed": "-"
                      if rec.n_saved is None else f"{rec.n_saved}/{rec.n_recomputed}",
                      "solve": format_seconds(rec.solve_time_s), "gap": "-" if rec.gap is None else f"{rec.gap:.2%}",
@@ -106,7 +111,8 @@ def breakdown_section(report: RunReport) -> str:
         tables = []
         for key, rows in (("op", view.by_op), ("module", view.by_module)):
             columns = [key, "saved", "saved bytes", "recomputed", "recompute cost"]
-            shown = [{key: r["group"], "saved": r["saved"], "saved bytes": format_bytes(r["saved_bytes"]),
+            unit = column_unit([r["saved_bytes"] for r in rows])
+            shown = [{key: r["group"], "saved": r["saved"], "saved bytes": format_bytes(r["saved_bytes"], unit),
                       "recomputed": r["recomputed"], "recompute cost": format_seconds(r["recompute_cost"])}
                      for r in rows]
             tables.append(f"<div><h3>by {key}</h3>" + (_table(shown, columns, columns[1:]) if shown
