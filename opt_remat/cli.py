@@ -372,10 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
         return int(exc.code or 0)
     # imported after parsing: --help answers without importing torch
+    from .interrupt import quiet_interrupts
     from .runs import ConfigError, RunError
 
     try:
-        rc = args.func(args)
+        with quiet_interrupts():  # Ctrl-C: the one line below, no warning or traceback before it
+            rc = args.func(args)
         sys.stdout.flush()  # a reader that went away (| head) shows here, handled below
         return rc
     except (ConfigError, UsageError) as exc:

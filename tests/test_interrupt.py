@@ -119,3 +119,46 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
     done = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     assert len(done) == 3 and all(r["status"] != "error" for r in done)
     assert not any(r["budget"].startswith("peak") and r["solver"] == "cpsat" for r in done)
+
+
+def test_sigint_in_a_finalizer_or_a_warning_on_the_way_out_stays_quiet(tmp_path):
+    """What Ctrl-C during ``run`` printed before its one line: torch's anomaly-mode warning (the
+    joint graph is traced with anomaly mode on) and, for a Ctrl-C landing in a weakref callback,
+    "Exception ignored in ..." with the interrupt lost. Both, made to happen on purpose."""
+    script = textwrap.dedent("""
+        import signal, sys, time, warnings, weakref
+        from opt_remat.interrupt import quiet_interrupts
+
+        class Obj:
+            pass
+
+        def lost(_):  # Python cannot raise from here: it prints "Exception ignored" and goes on
+            signal.raise_signal(signal.SIGINT)
+            sum(range(1000))
+
+        for case in ("warning", "finalizer"):
+            try:
+                with quiet_interrupts():
+                    if case == "warning":
+                        try:
+                            signal.raise_signal(signal.SIGINT)
+                            sum(range(1000))
+                        finally:  # as torch's engine warns on its way out of a backward
+                            warnings.warn("Error detected in MmBackward0. Traceback of forward call")
+                    else:
+                        obj = Obj()
+                        ref = weakref.ref(obj, lost)
+                        del obj
+                        end = time.monotonic() + 10
+                        while time.monotonic() < end:  # the interrupt is raised here again
+                            sum(range(1000))
+                print(case, "not interrupted", flush=True)
+            except KeyboardInterrupt:
+                print(case, "interrupted", flush=True)
+        warnings.warn("shown again once the command is over")
+    """)
+    proc = _start(["-c", script], tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert out.split("\n")[:2] == ["warning interrupted", "finalizer interrupted"], (out, err)
+    assert "Exception ignored" not in err and "Error detected" not in err, err
+    assert "shown again once the command is over" in err
