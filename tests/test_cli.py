@@ -104,6 +104,41 @@ def test_run_writes_every_report(tiny_run):
     assert not list(out.glob(".*.tmp")), "no temporary files left behind"
 
 
+def test_memory_plot_legends_stay_in_their_panel_with_units():
+    """Seven solvers in five panels: each legend lies under its own panel, overlaps no other panel
+    or legend, and every number in it carries its unit."""
+    import re
+
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from opt_remat.runs.plots import memory_figure
+
+    solvers = ["mincut", "cpsat", "milp", "greedy", "dp", "save-all", "torch"]
+    curves = {b: {s: [0, 300_000 + 1000 * i, 700_000 + 20_000 * i, 590_000] for i, s in enumerate(solvers)}
+              for b in ("1.0", "0.8", "0.5", "0.3", "0.1")}
+    grads = {b: {s: 536_000 for s in solvers} for b in curves}
+    fig = memory_figure(curves, peak_gradients=grads, forward_ends={b: {s: 2 for s in solvers} for b in curves})
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    axes = [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert len(axes) == 5
+    boxes = [(ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)) for ax in axes]
+    for i, (ax_box, leg_box) in enumerate(boxes):
+        assert leg_box.y1 <= ax_box.y0 and ax_box.x0 - 60 <= leg_box.x0 and leg_box.x1 <= ax_box.x1 + 60
+        for j, (other_ax, other_leg) in enumerate(boxes):
+            if i != j:
+                assert not leg_box.overlaps(other_ax) and not leg_box.overlaps(other_leg), (i, j)
+    texts = [t.get_text() for ax in axes for t in ax.get_legend().get_texts()]
+    assert texts[0] == "mincut: peak 683.59 KiB, of it grads 523.44 KiB"
+    for text in texts:  # a number is followed by its unit
+        assert all(re.match(r"\s(B|KiB|MiB|GiB)\b", text[m.end():]) for m in re.finditer(r"\d+\.\d+", text)), text
+    # a solver has one colour in every panel
+    colors = {line.get_label(): line.get_color() for ax in axes for line in ax.get_lines() if line.get_label()[0] != "_"}
+    assert len({colors[k] for k in colors if k.startswith("mincut")}) == 1
+
+
 def _problem_of(out: Path):
     from opt_remat.runs import load_config
     from opt_remat.runs import materialize

@@ -13,16 +13,11 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from solvers.budget import BYTE_UNITS, byte_unit, format_bytes
+
 from .results import Record
 
 MIP_SOLVERS = ("cpsat", "milp")
-
-
-def _unit(max_bytes: float) -> tuple[str, float]:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if max_bytes >= size:
-            return unit, float(size)
-    return "B", 1.0
 
 
 def _time_unit(max_s: float) -> tuple[str, float]:
@@ -36,7 +31,7 @@ def _save_png(fig: Any, path: str | Path) -> Path:
     """Write the figure atomically: a reader never sees half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
+    fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.15)  # legends outside the axes kept whole
     os.replace(tmp, path)
     return path
 
@@ -51,7 +46,8 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
     points = [r for r in records if r.saved_bytes is not None and r.recompute_cost is not None]
     all_bytes = [r.saved_bytes for r in points] + [p[0] for p in hull]
     all_cost = [r.recompute_cost for r in points] + [p[1] for p in hull]
-    bunit, bscale = _unit(max(all_bytes, default=0))
+    bunit = byte_unit(max(all_bytes, default=0))
+    bscale = BYTE_UNITS[bunit]
     tunit, tscale = _time_unit(max(all_cost, default=0))
 
     fig = Figure(figsize=(7.5, 5.0), dpi=110)
@@ -114,9 +110,18 @@ def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
                 title: str = "live memory during the step",
                 forward_ends: dict[str, dict[str, int]] | None = None,
                 peak_gradients: dict[str, dict[str, int]] | None = None) -> Path:
-    """Write a PNG of live bytes per step (``{budget: {solver: [bytes per step]}}``), with a dotted
+    """Write ``memory_figure`` as a PNG; returns the path."""
+    return _save_png(memory_figure(curves, title=title, forward_ends=forward_ends,
+                                   peak_gradients=peak_gradients), path)
+
+
+def memory_figure(curves: dict[str, dict[str, list[int]]], *, title: str = "live memory during the step",
+                  forward_ends: dict[str, dict[str, int]] | None = None,
+                  peak_gradients: dict[str, dict[str, int]] | None = None) -> Any:
+    """A figure of live bytes per step (``{budget: {solver: [bytes per step]}}``), with a dotted
     line where each curve's forward ends (``forward_ends``: its number of forward steps) and, in
-    the legend, how much of each peak is gradients (``peak_gradients``)."""
+    each panel's legend, every curve's peak and how much of it is gradients (``peak_gradients``).
+    A solver has one colour in every panel; legends sit under their panel, in its width."""
     import math
 
     import matplotlib
@@ -127,29 +132,34 @@ def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
     cols = min(3, len(budgets))
     rows = math.ceil(len(budgets) / cols)
     top = max((max(c, default=0) for per in curves.values() for c in per.values()), default=0)
-    unit, scale = _unit(top)
+    unit = byte_unit(top)
+    scale = BYTE_UNITS[unit]
+    solvers = list(dict.fromkeys(s for per in curves.values() for s in per))
+    palette = matplotlib.colormaps["tab10"].colors
+    color = {s: palette[i % len(palette)] for i, s in enumerate(solvers)}
     longest = max((len(per) for per in curves.values()), default=0)
-    fig = Figure(figsize=(4.6 * cols, (3.4 + 0.25 * math.ceil(longest / 2)) * rows + 0.4), dpi=100)
+    fig = Figure(figsize=(5.2 * cols, (3.2 + 0.19 * longest) * rows + 0.5), dpi=100, layout="constrained")
     for i, budget in enumerate(budgets):
         ax = fig.add_subplot(rows, cols, i + 1)
         for solver, steps in curves.get(budget, {}).items():
             peak = max(steps, default=0)
             grads = (peak_gradients or {}).get(budget, {}).get(solver)
-            split = f", grads {grads / scale:.3g}" if grads else ""  # the rest: activations + recompute
-            line, = ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9,
-                            label=f"{solver} (peak {peak / scale:.3g} {unit}{split})")
+            # the rest of the peak: activations and recomputed values
+            split = f", of it grads {format_bytes(grads, unit)}" if grads else ""
+            ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9, color=color[solver],
+                    label=f"{solver}: peak {format_bytes(peak, unit)}{split}")
             end = (forward_ends or {}).get(budget, {}).get(solver)
             if end:  # the forward ends here (plans that save more run a longer forward)
-                ax.axvline(end - 0.5, color=line.get_color(), linestyle=":", linewidth=0.8, alpha=0.8)
+                ax.axvline(end - 0.5, color=color[solver], linestyle=":", linewidth=0.8, alpha=0.8)
         ax.set_title(f"budget {budget}", fontsize=9)
         ax.set_xlabel("step (forward, dotted line, then backward)", fontsize=8)
-        ax.set_ylabel(f"live bytes ({unit})", fontsize=8)
+        ax.set_ylabel(f"live memory ({unit})", fontsize=8)
+        ax.tick_params(labelsize=7)
         ax.grid(True, linewidth=0.4, alpha=0.5)
-        if curves.get(budget):  # below the axes: readable with many curves
-            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        if curves.get(budget):  # under the axes, one curve a line: readable with many curves
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=1, frameon=False,
+                      borderaxespad=0.0, handlelength=1.5)
         else:
             ax.text(0.5, 0.5, "no plans", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-
-    return _save_png(fig, path)
+    return fig
