@@ -32,7 +32,7 @@ from solvers.mincut import InfeasibleError, solve_mincut
 from solvers.peak import PeakInfeasibleError, solve_peak
 from solvers.problem import Plan, Problem, Status, check_plan
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "checkmate"
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "configs" / "data" / "checkmate"  # shipped with the project
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 SOLVERS = ("cpsat", "milp-cbc", "milp-highs", "mincut", "greedy", "dp", "uniform", "sqrt",
            "inputs-only")

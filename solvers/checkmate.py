@@ -128,8 +128,33 @@ def load_graph(path: str | Path) -> Problem:
     if not isinstance(links, list):
         raise GraphLoadError(f"{where_file}: expected a 'links' list of {{source, target}} objects")
 
-    raw: dict[Any, dict[str, Any]] = {}  # id -> parsed fields, in file order
-    for pos, node in enumerate(data["nodes"]):
+    raw = _read_nodes(data["nodes"], where_file)
+    preds, succ = _read_links(links, raw, where_file)
+    order = _topological_order(raw, preds, succ, where_file)
+    names = _unique_names(raw)
+    nodes = []
+    for nid in order:
+        r = raw[nid]
+        backward = r["node"]["backward"]
+        nodes.append(Node(
+            name=names[nid],
+            role=Role.BACKWARD if backward else Role.FORWARD,
+            inputs=tuple(names[p] for p in preds[nid]),
+            bytes=r["bytes"],
+            cost=r["cost"],
+            op="backward" if backward else "forward",
+            module=str(nid),  # the file's id, for reports and for mapping plans back
+        ))
+    try:
+        return Problem(nodes=tuple(nodes), name=graph_name(path))
+    except ProblemError as exc:  # the checks above should make this unreachable
+        raise GraphLoadError(f"{where_file}: {exc}") from exc
+
+
+def _read_nodes(nodes: list[Any], where_file: str) -> dict[Any, dict[str, Any]]:
+    """id -> the node's checked fields (``node``, ``pos``, ``where``, ``cost``, ``bytes``), in file order."""
+    raw: dict[Any, dict[str, Any]] = {}
+    for pos, node in enumerate(nodes):
         where = f"{where_file}: {_describe(node)} (nodes[{pos}])"
         if not isinstance(node, dict):
             raise GraphLoadError(f"{where}: expected an object with fields {', '.join(_FIELDS)}")
@@ -150,7 +175,13 @@ def load_graph(path: str | Path) -> Problem:
             "cost": _number(node["cost_cpu"], "cost_cpu", where, integer=False),
             "bytes": _number(node["cost_ram"], "cost_ram", where, integer=True),
         }
+    return raw
 
+
+def _read_links(links: list[Any], raw: dict[Any, dict[str, Any]], where_file: str
+                ) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
+    """Each node's predecessors and successors, checked: known ids, no self-links, no backward
+    node feeding a forward one; duplicate links are one dependency."""
     preds: dict[Any, list[Any]] = {nid: [] for nid in raw}
     succ: dict[Any, list[Any]] = {nid: [] for nid in raw}
     for k, link in enumerate(links):
@@ -168,11 +199,16 @@ def load_graph(path: str | Path) -> Problem:
             raise GraphLoadError(
                 f"{raw[t]['where']}: forward node reads backward "
                 f"{_describe(raw[s]['node'])} (links[{k}]); forward nodes must not depend on the backward")
-        if s not in preds[t]:  # duplicate links are one dependency
+        if s not in preds[t]:
             preds[t].append(s)
             succ[s].append(t)
+    return preds, succ
 
-    # Kahn's algorithm, ties by file position: a file already in topological order keeps it
+
+def _topological_order(raw: dict[Any, dict[str, Any]], preds: dict[Any, list[Any]],
+                       succ: dict[Any, list[Any]], where_file: str) -> list[Any]:
+    """Kahn's algorithm, ties by file position: a file already in topological order keeps it. A
+    cycle is a GraphLoadError naming its nodes."""
     indeg = {nid: len(p) for nid, p in preds.items()}
     heap = [(raw[nid]["pos"], nid) for nid, d in indeg.items() if d == 0]
     heapq.heapify(heap)
@@ -190,31 +226,16 @@ def load_graph(path: str | Path) -> Problem:
         shown = " -> ".join(_describe(raw[v]["node"]) for v in cycle) or \
             ", ".join(_describe(raw[v]["node"]) for v in sorted(left, key=lambda v: raw[v]["pos"])[:5])
         raise GraphLoadError(f"{where_file}: the graph has a cycle: {shown}")
+    return order
 
-    # node names must be unique in a Problem: keep the file's names, disambiguate repeats by id
+
+def _unique_names(raw: dict[Any, dict[str, Any]]) -> dict[Any, str]:
+    """Node names must be unique in a Problem: the file's names, repeats disambiguated by id."""
     counts: dict[str, int] = {}
     for r in raw.values():
         counts[r["node"]["name"]] = counts.get(r["node"]["name"], 0) + 1
-    names = {nid: (r["node"]["name"] if counts[r["node"]["name"]] == 1 else f"{r['node']['name']}#{nid}")
-             for nid, r in raw.items()}
-
-    nodes = []
-    for nid in order:
-        r = raw[nid]
-        backward = r["node"]["backward"]
-        nodes.append(Node(
-            name=names[nid],
-            role=Role.BACKWARD if backward else Role.FORWARD,
-            inputs=tuple(names[p] for p in preds[nid]),
-            bytes=r["bytes"],
-            cost=r["cost"],
-            op="backward" if backward else "forward",
-            module=str(nid),  # the file's id, for reports and for mapping plans back
-        ))
-    try:
-        return Problem(nodes=tuple(nodes), name=graph_name(path))
-    except ProblemError as exc:  # the checks above should make this unreachable
-        raise GraphLoadError(f"{where_file}: {exc}") from exc
+    return {nid: (r["node"]["name"] if counts[r["node"]["name"]] == 1 else f"{r['node']['name']}#{nid}")
+            for nid, r in raw.items()}
 
 
 def no_recompute_saved_bytes(problem: Problem) -> int:

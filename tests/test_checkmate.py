@@ -14,10 +14,8 @@ from solvers.checkmate import (GraphLoadError, compute_overhead_percent, graph_f
                                load_graph, no_recompute_saved_bytes, total_cost)
 from solvers.problem import Problem, Role, Status, check_plan
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "checkmate"
-needs_graphs = pytest.mark.skipif(
-    not (GRAPH_DIR / "README.md").is_file(),
-    reason=f"published graphs not found at {GRAPH_DIR} (the shared data folder next to the repo)")
+# shipped with the project (configs/data/checkmate/README.md says where they come from)
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "configs" / "data" / "checkmate"
 HAS_MIP = importlib.util.find_spec("solvers.mip") is not None
 
 
@@ -37,7 +35,6 @@ def graphs() -> dict[str, Problem]:
 
 
 # ---- the published graphs --------------------------------------------------------------------
-@needs_graphs
 def test_counts_match_readme(graphs: dict[str, Problem]) -> None:
     table = readme_table()
     assert len(table) == 7 and set(table) == set(graphs)
@@ -50,7 +47,6 @@ def test_counts_match_readme(graphs: dict[str, Problem]) -> None:
         assert sum(n.role is Role.BACKWARD for n in p.nodes) == n_backward, name
 
 
-@needs_graphs
 def test_graphs_are_valid_problems(graphs: dict[str, Problem]) -> None:
     for name, p in graphs.items():
         seen: set[str] = set()
@@ -75,7 +71,6 @@ def _solvers() -> list:
     return out
 
 
-@needs_graphs
 @pytest.mark.parametrize("solver,options", _solvers())
 def test_plans_valid_at_80_percent(graphs: dict[str, Problem], solver: str, options: dict) -> None:
     for name, p in graphs.items():
@@ -201,7 +196,6 @@ def test_duplicate_id_and_bad_json(tmp_path: Path) -> None:
         load_graph(bad)
 
 
-@needs_graphs
 def test_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util as iu
 
@@ -218,7 +212,6 @@ def test_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert "published reference points" in out
 
 
-@needs_graphs
 def test_peak_budgets_on_published_graphs() -> None:
     """At m x the no-recompute step peak, the peak model's plans fit by exact simulation; on
     FCN8 and ResNet50 they reach the published optima's compute overheads (their model allows
