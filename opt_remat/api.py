@@ -28,7 +28,8 @@ from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
 from .errors import catchable
 from .lower import lower_plan
-from .options import TORCH_SOLVER, check_solver_options, default_solver_options
+from .options import (TORCH_SOLVER, check_solver_options, default_solver_options, mode_of, options_in_mode,
+                      possible_modes)
 from .report import format_seconds
 from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
@@ -118,6 +119,7 @@ class Partitioner:
     count_gradients: bool = True  # False: the peak budget is for activations alone (no .grad)
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
+    verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -135,7 +137,8 @@ class Partitioner:
         self._noted_override = False  # the explicit-budget note is given once per partitioner
         self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
         # the check YAML configs get: a misspelled option fails here, not at compile time
-        check_solver_options(self.solver, self.options, peak=self._peak_bytes is not None)
+        checked = {k: 0.0 if (k, v) == ("lam", "auto") else v for k, v in self.options.items()}
+        check_solver_options(self.solver, checked, possible_modes(self.budget, self._peak_bytes))
 
     def uuid(self) -> str:
         """A key for everything that decides this partitioner's plans: solver, budgets, options,
@@ -154,9 +157,12 @@ class Partitioner:
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
 
     def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
-        """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's)."""
-        opts = dict(self.options)
-        if self.solver in ("mincut", None) and budget is None:
+        """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's). Options
+        of another mode (allowed when torch's settings decide the budget) are left out, with a
+        warning."""
+        mode = mode_of(budget, self._peak_bytes)
+        opts = options_in_mode(self.solver, self.options, mode)
+        if self.solver in ("mincut", None) and mode == "free":
             lam = opts.get("lam", "auto")
             opts["lam"] = auto_lam(self.profile) if lam == "auto" else float(lam)
         return opts
@@ -197,15 +203,8 @@ class Partitioner:
             steer = require_must_saves(problem, must_save_values(joint_module))
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
-            if self._peak_bytes is not None:
-                plan = choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, self.options,
-                                        default_lam=auto_lam(self.profile),
-                                        count_gradients=self.count_gradients)
-            elif self.solver is None:
-                split = default_solver_options(self.solver_options(requested))
-                plan = choose_default_plan(steer, budget, split["mincut"], split["cpsat"])
-            else:
-                plan = choose_plan(steer, self.solver, budget, self.solver_options(requested))
+            with _solve_lines(self.verbose, self.solver, requested, self._peak_bytes) as done:
+                plan = done(self._solve(steer, budget, requested))
             plan = realized_plan(problem, plan)
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
@@ -215,6 +214,16 @@ class Partitioner:
                                             functools.partial(_canonical, joint_module, self.input_roles)))
         return fw_module, bw_module
 
+
+    def _solve(self, steer: Problem, budget: int | None, requested: int | float | str | None) -> Plan:
+        opts = self.solver_options(requested)
+        if self._peak_bytes is not None:
+            return choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, opts,
+                                    default_lam=auto_lam(self.profile), count_gradients=self.count_gradients)
+        if self.solver is None:
+            split = default_solver_options(opts, mode_of(requested, None))
+            return choose_default_plan(steer, budget, split["mincut"], split.get("cpsat"))
+        return choose_plan(steer, self.solver, budget, opts)
 
     def _budget_in_force(self, joint_module: fx.GraphModule, info: tp.NodeInfo) -> int | float | str | None:
         """``budget=`` if given (noting once that it overrides torch's settings), else torch's."""
@@ -246,6 +255,37 @@ class Partitioner:
                                             time.perf_counter() - start, (values, gid)))
         return fw_module, bw_module
 
+@contextlib.contextmanager
+def _solve_lines(verbose: bool, solver: str | None, budget: Any, peak: int | None
+                 ) -> Iterator[Callable[[Plan], Plan]]:
+    """With ``verbose``: a solve's progress (phase, best cost, bound, gap) as lines on stderr, the
+    lines ``opt-remat run`` prints when piped, then the plan found; yields what hands it over."""
+    if not verbose:
+        yield lambda plan: plan
+        return
+    import sys
+
+    from solvers import progress
+    from solvers.budget import format_bytes
+
+    from .runs.progress import Display
+    from .runs.summary import format_seconds
+
+    what = (f"{solver or 'default'}" + (f" budget {budget}" if budget is not None else "")
+            + (f" peak {format_bytes(peak)}" if peak is not None else ""))
+    display = Display("lines", stream=sys.stderr)
+    display.doing(f"opt-remat: solving {what}")
+
+    def done(plan: Plan) -> Plan:
+        display.message(f"opt-remat: {what}: plan by {plan.solver}, {plan.status.value}, recompute "
+                        f"{format_seconds(plan.recompute_cost)}, saved {format_bytes(plan.saved_bytes)}, "
+                        f"{plan.solve_time_s:.1f} s")
+        return plan
+
+    with progress.reporting(display.search):
+        yield done
+
+
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """opt-remat's version and a hash of the sources of ``opt_remat`` and ``solvers``."""
@@ -262,7 +302,8 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 device: str | DeviceProfile | Mapping[str, Any] = "h100",
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
-                rng_replay: bool = True, costs: str = "roofline", **options: Any) -> Partitioner:
+                rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
+                **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -282,11 +323,15 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     ``rng_replay``: random ops (dropout) may be recomputed by replaying the RNG state the forward
     saves for them (its bytes count like any saved value); False never recomputes them.
     ``costs="profile"``: recompute costs timed on the device the graph runs on (cached on disk)
-    instead of the roofline estimate of ``device``.
+    instead of the roofline estimate of ``device``. ``verbose``: each solve's phase, best cost,
+    bound and gap on stderr as they change, then the plan found.
+    Which solvers exist, the budgets each meets and the options each takes: ``solvers.catalog``;
+    an option the solver does not take (under the budgets given) is an error naming those it does.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
-                       count_gradients=count_gradients, rng_replay=rng_replay, costs=costs)
+                       count_gradients=count_gradients, rng_replay=rng_replay, costs=costs,
+                       verbose=verbose)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

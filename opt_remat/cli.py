@@ -166,17 +166,20 @@ def _run(args: argparse.Namespace) -> int:
 
 # ---- solve -----------------------------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
+    from solvers import progress as solver_progress
+
     from .options import known_solvers
     from .report import describe_plan
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.execute import solve_one
     from .runs.plan_files import apply_hint, write_plan
+    from .runs.progress import Display, terminal_mode
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
         overrides.append(f"budgets=[{args.budget}]")
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, overrides, any_budget=True)
     except ConfigError as exc:
         if args.budget is not None and exc.field.startswith("budgets"):
             raise UsageError(f"--budget {args.budget}: {exc.detail}") from None
@@ -199,21 +202,24 @@ def _solve(args: argparse.Namespace) -> int:
         raise UsageError(f"-o: folder {out.parent} does not exist")
     budgets = cfg.budgets
     works = materialize_all(cfg)
-    for spec in budgets:  # one plan file per budget, each holding a plan per captured graph
-        path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
-        plans = []
-        for i, work in enumerate(works):
-            try:
-                plan, _ = solve_one(work, name, spec, options=options)
-            except SolveRefused as exc:
-                raise UsageError(f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1
-                                                           else "") + f": {exc}") from None
-            plans.append(plan)
-            print(f"== budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else ""))
-            print(describe_plan(work.problem, plan))
-        write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
-        print(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
-              f"written to {path}")
+    with Display(terminal_mode(sys.stdout)) as display:  # live on a terminal, a line per change piped
+        display.start(len(budgets) * len(works))
+        for spec in budgets:  # one plan file per budget, each holding a plan per captured graph
+            path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
+            plans = []
+            for i, work in enumerate(works):
+                which = f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else "")
+                display.doing(f"solving {which} with {args.solver}")
+                try:
+                    with solver_progress.reporting(display.search):
+                        plan, _ = solve_one(work, name, spec, options=options)
+                except SolveRefused as exc:
+                    raise UsageError(f"{which}: {exc}") from None
+                plans.append(plan)
+                display.finished(f"== {which}\n{describe_plan(work.problem, plan)}")
+            write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
+            display.message(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
+                            f"written to {path}")
     hint = apply_hint(cfg, out if len(budgets) == 1 else out.with_name(f"{out.stem}-LABEL{out.suffix}"))
     if hint:
         print(f"apply it in training with: {hint}")
@@ -310,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "plan file that opt_remat.backend(plan=...) applies in training."))
     solve.add_argument("config", help="a YAML run configuration: its model, capture settings, budgets and solvers")
     solve.add_argument("--solver", default=None, metavar="SOLVER",
-                       help=f"a solver ({solvers}) or a label from the config; default: the config's first solver")
+                       help=f"a solver ({solvers}) or a label from the config; default: the config's first "
+                            "solver. Its options come from the config's entry for it")
     solve.add_argument("--budget", default=None,
                        help=f"{BUDGET_HELP}, or a peak ('{{peak: 700KiB}}'), as the config's budgets are written; "
                             "default: every budget of the config, a plan file each")
@@ -354,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the built-in model to partition (default gpt2, with dropout)")
     demo.add_argument("--layers", type=int, default=2, help="blocks of gpt2, llama or mlp (default 2)")
     demo.add_argument("--batch", type=int, default=2, help="batch size of the example inputs (default 2)")
-    demo.add_argument("--solvers", nargs="+", default=["mincut"], metavar="SOLVER",
+    demo.add_argument("--solvers", nargs="+", default=["mincut"], metavar="SOLVER", choices=solvers.split(", "),
                       help=f"solvers to compare, each checked against save-all's gradients (default mincut); "
                            f"one or more of: {solvers}")
     demo.add_argument("--budget", default=None, type=cli_budget,

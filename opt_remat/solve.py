@@ -10,9 +10,8 @@ from typing import Any, Callable
 from solvers import InfeasibleError, Plan, Problem, Status, check_plan, interrupt
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.mincut import lam_range, solve_mincut
-from solvers.peak import PeakInfeasibleError, solve_peak
-from solvers.peak_candidates import mincut_under_peak
-from solvers.registry import solve
+from solvers.peak import PeakInfeasibleError
+from solvers.registry import solve, solve_peak
 
 
 class BudgetError(ValueError):
@@ -75,20 +74,9 @@ def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: in
             candidates.append(solve_mincut(problem, default_lam).saved)
         except InfeasibleError:
             pass
-    try:
-        if solver in ("cpsat", "milp"):
-            if solver == "milp":
-                warnings.warn("opt-remat: peak budgets are solved with CP-SAT (the peak model has no "
-                              "PuLP form yet)", stacklevel=2)
-            keep = {k: options[k] for k in ("time_limit_s", "threads", "seed", "stages", "gap")
-                    if k in options}
-            plan = solve_peak(problem, peak_budget, budget, candidates=candidates,
-                              count_gradients=count_gradients, **keep)
-        elif solver == "mincut":
-            plan = mincut_under_peak(problem, peak_budget, budget, candidates=candidates,
-                                     count_gradients=count_gradients)
-        else:
-            raise ValueError(f"peak_budget works with solver 'cpsat', 'milp' or 'mincut', not {solver!r}")
+    try:  # the catalog says which solvers have a peak mode and which options they take there
+        plan = solve_peak(problem, solver, peak_budget, budget, options, candidates=candidates,
+                          count_gradients=count_gradients)
     except PeakInfeasibleError as exc:
         _raise_if_interrupted(problem, None, budget)
         err = PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None))

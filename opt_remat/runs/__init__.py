@@ -1,7 +1,7 @@
 """Offline runs (``opt-remat run`` / ``solve``): one module per job.
 
-``config`` (typed YAML configurations; ``config_rules``: what types cannot say, and the wording of
-errors; ``yaml_lines``: YAML with the line of every key, ``--set``) -> ``workload`` (capture once)
+``config`` (typed YAML configurations; ``config_rules``: ``load_config``, what types cannot say,
+and the wording of errors; ``yaml_lines``: YAML with the line of every key, ``--set``) -> ``workload`` (capture once)
 -> ``execute`` (solve the pairs: here, in a process pool, or on Ray) -> ``verification`` (measured
 bytes, gradients) -> ``results`` (typed records, results.json/csv, resume) -> ``summary``,
 ``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``);
@@ -9,7 +9,8 @@ bytes, gradients) -> ``results`` (typed records, results.json/csv, resume) -> ``
 the run itself. Nothing here imports torch until a model is built.
 """
 
-from .config import BudgetSpec, Config, ConfigError, SolverSpec, load_config
+from .config import BudgetSpec, Config, ConfigError, SolverSpec
+from .config_rules import load_config
 from .loop import RunSummary, run
 from .results import Record, read_results
 from .util import RunError, SolveRefused

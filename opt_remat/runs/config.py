@@ -16,9 +16,9 @@ which budgets and solvers to run, what to verify, and where to write the results
     verify: {gradients: true, measure_memory: true}
     output: {dir: runs/gpt2, formats: [table, json, csv, plot, html], title: "GPT-2, 2 layers"}
 
-A key is declared once, in the models below, with its type and default; ``load_config`` checks
-the document against them and then what types cannot say (budgets, solver options, the device,
-files, the factory). Every error is a ``ConfigError`` whose message is one line:
+A key is declared once, in the models below, with its type and default; ``load_config``
+(``runs.config_rules``) checks the document against them and then what types cannot say (budgets,
+solver options as ``solvers.catalog`` declares them, the device, files, the factory). Every error is a ``ConfigError`` whose message is one line:
 ``FILE:LINE: FIELD: what was expected``. Relative paths (``model.graph``, ``output.dir``) are
 relative to the configuration file; values given with ``--set`` are relative to the working directory.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Sequence, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag, ValidationError,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag,
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -41,9 +41,9 @@ from solvers.budget import Fraction, parse_budget
 
 from ..options import TORCH_SOLVER
 from ..options import describe as _describe
-from .yaml_lines import ConfigError, apply_override, field_name, load_yaml, parse_override
+from .yaml_lines import ConfigError, field_name
 
-__all__ = ["TORCH_SOLVER", "ConfigError", "Config", "BudgetSpec", "SolverSpec", "load_config", "field_name"]
+__all__ = ["TORCH_SOLVER", "ConfigError", "Config", "BudgetSpec", "SolverSpec", "field_name"]
 
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 INT_DTYPES = ["int64", "int32", "int16", "int8", "uint8", "bool"]
@@ -360,34 +360,3 @@ def import_factory(cfg: Config, path: tuple) -> Callable[..., Any]:
     if not callable(obj):
         raise cfg.error(path, f"{spec!r} is not callable; expected a factory returning an nn.Module")
     return obj
-
-
-# ---- loading -----------------------------------------------------------------------------------
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """Read, override and check a configuration (types, budgets, solvers and their options, device,
-    graph file, factory import). Building the model and capturing it is ``runs.workload``'s
-    ``materialize``, which reports errors the same way."""
-    cfg_path = Path(path)
-    source = str(cfg_path)
-    try:
-        text = cfg_path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(source, "", "configuration file not found") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read the configuration: {exc}") from None
-    data, lines = load_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}:1", "", f"expected a mapping with model, budgets and solvers, got {_describe(data)}")
-    overridden = []
-    for item in overrides:
-        key, value = parse_override(item)
-        data = apply_override(data, key, value)
-        overridden.append(key)
-    cfg = Config(cfg_path, data, lines, overridden)
-    from . import config_rules
-    try:
-        cfg.spec = RunSpec.model_validate(data)
-    except ValidationError as exc:
-        raise config_rules.first_error(cfg, exc) from None
-    config_rules.check(cfg)
-    return cfg

@@ -1,23 +1,28 @@
-"""What the typed models of ``runs.config`` cannot say, and how their errors read.
+"""Loading a configuration: the typed models of ``runs.config``, then what they cannot say, with
+errors worded for users.
 
-``check`` runs after the document has its types: budgets parse, solvers and their options exist,
-the device profile, capture settings that contradict each other, the graph file, the factory and
-its inputs. ``first_error`` words pydantic's errors as the one-line ``FILE:LINE: FIELD: ...``
-messages of ``ConfigError``.
+``load_config`` reads, overrides and types the document; ``check`` then runs what types cannot
+say: budgets parse, solvers exist and take their options under the run's budgets
+(``solvers.catalog``), the device profile, capture settings that contradict each other, the graph
+file, the factory and its inputs. ``first_error`` words pydantic's errors as the one-line
+``FILE:LINE: FIELD: ...`` messages of ``ConfigError``.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from typing import Any
+from pathlib import Path
+from typing import Any, Collection, Sequence
 
 from pydantic import ValidationError
 
+from solvers import catalog
 from solvers.budget import Fraction, parse_budget
 
-from ..options import describe, known_solvers, option_error, solver_parameters
-from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, SolverEntry
+from ..options import describe, known_solvers
+from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec, SolverEntry
+from .yaml_lines import apply_override, load_yaml, parse_override
 
 _TAGS = {"graph", "factory", "mapping", "name", "value"}  # union tags that pydantic puts in locations
 _KINDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
@@ -34,6 +39,37 @@ _HINTS = {
     "peak_flops": ": expected FLOP/s, e.g. 9.9e14",
     "bandwidth": ": expected bytes/s, e.g. 3.35e12",
 }
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, any_budget: bool = False) -> Config:
+    """Read, override and check a configuration (types, budgets, solvers and their options, device,
+    graph file, factory import). Building the model and capturing it is ``runs.workload``'s
+    ``materialize``, which reports errors the same way. ``any_budget``: a solver's options may be
+    those of any mode, not only of the config's budgets (``opt-remat solve`` picks one solver and
+    says which options its budget leaves out)."""
+    cfg_path = Path(path)
+    source = str(cfg_path)
+    try:
+        text = cfg_path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(source, "", "configuration file not found") from None
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read the configuration: {exc}") from None
+    data, lines = load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}:1", "", f"expected a mapping with model, budgets and solvers, got {describe(data)}")
+    overridden = []
+    for item in overrides:
+        key, value = parse_override(item)
+        data = apply_override(data, key, value)
+        overridden.append(key)
+    cfg = Config(cfg_path, data, lines, overridden)
+    try:
+        cfg.spec = RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise first_error(cfg, exc) from None
+    check(cfg, catalog.MODES if any_budget else None)
+    return cfg
 
 
 # ---- pydantic's errors, worded ------------------------------------------------------------------
@@ -82,10 +118,11 @@ def _message(path: tuple, e: Any) -> tuple[tuple, str]:
 
 
 # ---- what types cannot say --------------------------------------------------------------------------
-def check(cfg: Config) -> None:
-    """Raise the first ConfigError of a typed configuration, naming its field and line."""
+def check(cfg: Config, modes: Collection[str] | None = None) -> None:
+    """Raise the first ConfigError of a typed configuration, naming its field and line. A solver's
+    options must apply under one of ``modes`` (default: the modes of the config's budgets)."""
     _check_budgets(cfg)
-    _check_solvers(cfg)
+    _check_solvers(cfg, run_modes(cfg) if modes is None else modes)
     from ..costs import get_profile
     try:
         get_profile(cfg.device)
@@ -127,7 +164,13 @@ def _check_budgets(cfg: Config) -> None:
             raise cfg.error(("budgets", i), f"budget {lab} is listed twice")
 
 
-def _check_solvers(cfg: Config) -> None:
+def run_modes(cfg: Config) -> list[str]:
+    """The solve modes of the config's budgets: saved bytes, peak, or both."""
+    kinds = {catalog.PEAK if b.peak is not None else catalog.SAVED for b in cfg.budgets}
+    return [m for m in catalog.MODES if m in kinds]
+
+
+def _check_solvers(cfg: Config, modes: Collection[str]) -> None:
     names = known_solvers()
     for i, entry in enumerate(cfg.spec.solvers):
         name = entry if isinstance(entry, str) else entry.name
@@ -135,14 +178,11 @@ def _check_solvers(cfg: Config) -> None:
         if name not in names:
             raise cfg.error(where, f"unknown solver {name!r}; expected one of: {', '.join(names)}")
         if isinstance(entry, SolverEntry):
-            params = solver_parameters(name)
             for key, value in (entry.model_extra or {}).items():
-                if key not in params:
-                    raise cfg.error(("solvers", i, key), f"unknown option for solver {name!r}; "
-                                                         f"expected one of: {', '.join(params) or 'none'}")
-                why = option_error(name, key, value, params[key])
-                if why is not None:
-                    raise cfg.error(("solvers", i, key), why)
+                try:
+                    catalog.check_options(name, {key: value}, modes)
+                except ValueError as exc:
+                    raise cfg.error(("solvers", i, key), str(exc)) from None
     seen: dict[str, int] = {}
     for spec in cfg.solvers:
         if spec.label in seen:

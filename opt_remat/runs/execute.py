@@ -18,14 +18,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from solvers import Plan, Problem
+from solvers import Plan, Problem, catalog
 from solvers import progress as solver_progress
 
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
 from .workload import Workload
 
-PEAK_SOLVERS = ("cpsat", "milp", "mincut")  # the solvers with a peak-budget mode
+PEAK_SOLVERS = tuple(catalog.supporting(catalog.PEAK))  # the solvers with a peak-budget mode
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,24 @@ def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options:
     ``default_lam``: the default path's min-cut plan joins a peak solve's candidates."""
     from ..solve import choose_peak_plan, choose_plan
 
-    if peak_budget is not None:
-        if solver not in PEAK_SOLVERS:
-            return SolveResult(status="skipped", error=f"{solver} has no peak-budget mode (use one of "
-                                                       f"{', '.join(PEAK_SOLVERS)})")
-        with _keep_sigint():
-            return _solve_recorded(lambda: choose_peak_plan(
+    mode = catalog.PEAK if peak_budget is not None else catalog.FREE if budget_bytes is None else catalog.SAVED
+    if mode not in catalog.info(solver).modes:
+        return SolveResult(status="skipped", error=f"{solver} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
+                                                   f"that can: {', '.join(catalog.supporting(mode))})")
+    # a run's solver entry may hold options of its other budgets' mode: this pair does without them
+    left = catalog.not_applying(solver, options, mode)
+    options = {k: v for k, v in options.items() if k not in left}
+    with _keep_sigint():
+        if peak_budget is not None:
+            result = _solve_recorded(lambda: choose_peak_plan(
                 problem, solver, peak_budget, budget_bytes, options, default_lam=default_lam,
                 count_gradients=count_gradients))
-    with _keep_sigint():
-        return _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
+        else:
+            result = _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
+    if left:
+        result.warnings.insert(0, f"option(s) {', '.join(left)} of {solver} do not apply "
+                                  f"{catalog.MODE_WORDS[mode]}: this pair did without them")
+    return result
 
 
 def _solve_recorded(make_plan: Callable[[], Plan]) -> SolveResult:

@@ -44,6 +44,7 @@ class Display:
         self._search: Progress | None = None
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._last_line = ""  # lines mode: the search state printed last (a line per change)
 
     @classmethod
     def for_api(cls, verbose: bool) -> "Display":
@@ -80,19 +81,30 @@ class Display:
     # ---- live: what is being done now ----
     def doing(self, activity: str) -> None:
         """What the run does now (``solving budget 0.5 cpsat``), timed from here."""
-        if self._bar is None:
-            return
         with self._lock:
             self._activity, self._since, self._search = activity, time.monotonic(), None
+            self._last_line = ""
+        if self._bar is None:
+            return
         if self._ticker is None:  # started on the first solve in this process, after any pool forked
             self._ticker = threading.Thread(target=self._tick, name="opt-remat-display", daemon=True)
             self._ticker.start()
         self._redraw()
 
     def search(self, progress: Progress) -> None:
-        """A search's incumbent and bound (``solvers.progress`` listener; called from its thread)."""
+        """A search's phase, incumbent and bound (``solvers.progress`` listener; called from the
+        solver's thread). Lines mode prints a line when what it shows changes."""
         with self._lock:
             self._search = progress
+            if self.mode != "lines":
+                return
+            state = search_text(progress)
+            if state == self._last_line:
+                return
+            self._last_line = state
+            line = f"{self._activity + ': ' if self._activity else ''}{state} " \
+                   f"({time.monotonic() - self._since:.1f} s)"
+        self.message(line)
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -109,9 +121,7 @@ class Display:
                 text += f" ({elapsed:.0f} s)"
                 p = self._search
                 if p is not None and elapsed >= SHOW_SEARCH_AFTER_S:
-                    text += f": best {format_seconds(p.incumbent)}, bound {format_seconds(p.bound)}"
-                    if p.gap is not None:
-                        text += f", gap {p.gap:.1%}"
+                    text += ": " + search_text(p)
         bar.ncols = _columns()  # the terminal may have been resized
         bar.set_description_str(text, refresh=False)
         bar.refresh()
@@ -130,6 +140,15 @@ class Display:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def search_text(p: Progress) -> str:
+    """``phase P, best B, bound L, gap G`` of a search (the parts it has)."""
+    parts = [f"phase {p.phase}"] if getattr(p, "phase", "") else []
+    parts += [f"best {format_seconds(p.incumbent)}", f"bound {format_seconds(p.bound)}"]
+    if p.gap is not None:
+        parts.append(f"gap {p.gap:.1%}")
+    return ", ".join(parts)
 
 
 def _columns() -> int:
