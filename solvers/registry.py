@@ -64,10 +64,11 @@ def solve_peak(problem: Problem, solver: str, peak_budget: int, budget: int | No
     typed = catalog.typed_options(solver, dict(options or {}), catalog.PEAK)
     module, _, attr = _PEAK_ENTRIES[solver].partition(":")
     fn = getattr(importlib.import_module(module), attr)
-    progress.report(None, None, phase="peak search: started")
+    what = "min-cut frontier" if solver == "mincut" else "peak search"
+    progress.report(None, None, phase=f"{what}: started")
     plan = fn(problem, peak_budget, budget, candidates=candidates, count_gradients=count_gradients,
               **catalog.mode_options(typed, catalog.PEAK))
-    progress.report(plan.recompute_cost, plan.bound, phase="peak search: done")
+    progress.report(plan.recompute_cost, plan.bound, phase=f"{what}: done")
     return label_peak_plan(plan, solver)
 
 

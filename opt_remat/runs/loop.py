@@ -77,6 +77,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
                 records[rec.key] = rec
                 store.write(list(records.values()))
                 display.finished(progress_line(done, len(pending), rec))
+                for warning in result.warnings:  # e.g. options of the run's other budgets, left out here
+                    display.message(f"  warning: {warning}")
 
     ordered = store.write(list(records.values()))
     table = write_reports(cfg, work, ordered, hull)
