@@ -212,7 +212,7 @@ def _solve(args: argparse.Namespace) -> int:
                 display.doing(f"solving {which} with {args.solver}")
                 try:
                     with solver_progress.reporting(display.search):
-                        plan, _ = solve_one(work, name, spec, options=options)
+                        plan, _ = solve_one(work, name, spec, options=options, warn=display.warning)
                 except SolveRefused as exc:
                     raise UsageError(f"{which}: {exc}") from None
                 plans.append(plan)

@@ -230,8 +230,10 @@ def ray_available() -> bool:
 
 
 def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
-              options: dict[str, Any] | None = None) -> tuple[Plan, int | None]:
-    """``opt-remat solve``: one plan for one graph, solver and budget (saved bytes and/or peak)."""
+              options: dict[str, Any] | None = None,
+              warn: Callable[[str], None] | None = None) -> tuple[Plan, int | None]:
+    """``opt-remat solve``: one plan for one graph, solver and budget (saved bytes and/or peak).
+    ``warn`` hears the solve's warnings (default: printed on stderr)."""
     bytes_ = work.budget_bytes(spec) if spec is not None else None
     peak = spec.peak if spec is not None else None
     if solver == TORCH_SOLVER:
@@ -244,5 +246,8 @@ def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
         raise kind(result.error or result.status)
     import sys
     for w in result.warnings:
-        print(f"opt-remat: warning: {w}", file=sys.stderr)
+        if warn is not None:
+            warn(f"opt-remat: warning: {w}")
+        else:
+            print(f"opt-remat: warning: {w}", file=sys.stderr)
     return result.plan, bytes_

@@ -59,6 +59,13 @@ class Display:
         else:
             print(text, file=self.stream, flush=True)
 
+    def warning(self, text: str) -> None:
+        """A line on stderr (whatever the mode), above the bar when there is one."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     def start(self, total: int) -> None:
         """A bar of ``total`` pairs (live mode)."""
         if self.mode != "live" or total == 0:
