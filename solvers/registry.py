@@ -14,8 +14,9 @@ import importlib
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
-from . import catalog, progress
+from .catalog import FREE, PEAK, SAVED, TORCH, mode_options, typed_options
 from .problem import Plan, Problem
+from .progress import report
 
 SolverFn = Callable[..., Plan]
 _SOLVERS: dict[str, SolverFn] = {}
@@ -46,13 +47,13 @@ def available() -> list[str]:
 
 def solve(problem: Problem, solver: str, budget: int | None = None, **options: Any) -> Plan:
     """The plan of ``solver`` under a saved-bytes ``budget`` (None: none)."""
-    mode = catalog.FREE if budget is None else catalog.SAVED
-    typed = catalog.typed_options(solver, options, mode)
-    if solver == catalog.TORCH:
+    mode = FREE if budget is None else SAVED
+    typed = typed_options(solver, options, mode)
+    if solver == TORCH:
         raise ValueError("solver 'torch' runs torch's partitioner on the captured FX graph, not on a "
                          "Problem: use opt_remat.partitioner('torch') or a run configuration")
     _load()
-    return _SOLVERS[solver](problem, budget, **catalog.mode_options(typed, mode))
+    return _SOLVERS[solver](problem, budget, **mode_options(typed, mode))
 
 
 def solve_peak(problem: Problem, solver: str, peak_budget: int, budget: int | None = None,
@@ -61,14 +62,14 @@ def solve_peak(problem: Problem, solver: str, peak_budget: int, budget: int | No
     """A plan of ``solver`` whose simulated step peak fits ``peak_budget`` (and saved bytes
     ``budget``). ``candidates``: saved sets the solve considers too. The plan's ``solver`` says
     what found it, e.g. ``cpsat (peak: relaxation with cuts)``."""
-    typed = catalog.typed_options(solver, dict(options or {}), catalog.PEAK)
+    typed = typed_options(solver, dict(options or {}), PEAK)
     module, _, attr = _PEAK_ENTRIES[solver].partition(":")
     fn = getattr(importlib.import_module(module), attr)
     what = "min-cut frontier" if solver == "mincut" else "peak search"
-    progress.report(None, None, phase=f"{what}: started")
+    report(None, None, phase=f"{what}: started")
     plan = fn(problem, peak_budget, budget, candidates=candidates, count_gradients=count_gradients,
-              **catalog.mode_options(typed, catalog.PEAK))
-    progress.report(plan.recompute_cost, plan.bound, phase=f"{what}: done")
+              **mode_options(typed, PEAK))
+    report(plan.recompute_cost, plan.bound, phase=f"{what}: done")
     return label_peak_plan(plan, solver)
 
 
