@@ -269,7 +269,6 @@ def _solve_lines(verbose: bool, solver: str | None, budget: Any, peak: int | Non
     from solvers.budget import format_bytes
 
     from .runs.progress import Display
-    from .runs.summary import format_seconds
 
     what = (f"{solver or 'default'}" + (f" budget {budget}" if budget is not None else "")
             + (f" peak {format_bytes(peak)}" if peak is not None else ""))

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from solvers.progress import Progress
 
-from .summary import format_seconds
+from ..report import format_seconds
 
 SHOW_SEARCH_AFTER_S = 2.0  # a search's incumbent and bound are shown once it has run this long
 TICK_S = 0.5  # how often the live bar redraws its clock
