@@ -97,14 +97,14 @@ class SolverInfo:
         return [f.name for f in dataclasses.fields(self.options)]
 
 
-_SEARCH = "the peak search (HiGHS relaxation and cut rounds, local search)"
+PEAK_SEARCH = "the peak search (HiGHS relaxation and cut rounds, local search)"
 CATALOG: dict[str, SolverInfo] = {info.name: info for info in (
     SolverInfo("mincut", "min-cut of the joint graph (torch's method); under a budget, its weight "
                "searched; under a peak budget, the cheapest fitting min-cut or checkpointing plan",
                MincutOptions, ALL),
-    SolverInfo("cpsat", "exact least-recompute plan by OR-Tools CP-SAT; under a peak budget, " + _SEARCH,
+    SolverInfo("cpsat", "exact least-recompute plan by OR-Tools CP-SAT; under a peak budget, " + PEAK_SEARCH,
                CpsatOptions, ALL),
-    SolverInfo("milp", "the same 0-1 program by PuLP/CBC or HiGHS; under a peak budget, " + _SEARCH,
+    SolverInfo("milp", "the same 0-1 program by PuLP/CBC or HiGHS; under a peak budget, " + PEAK_SEARCH,
                MilpOptions, ALL),
     SolverInfo("greedy", "knapsack baseline: values by recompute cost per byte", NoOptions, (FREE, SAVED)),
     SolverInfo("dp", "knapsack baseline by dynamic programming on quantized bytes", DpOptions, (FREE, SAVED)),

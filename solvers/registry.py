@@ -14,7 +14,7 @@ import importlib
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
-from .catalog import FREE, PEAK, SAVED, TORCH, mode_options, typed_options
+from .catalog import FREE, PEAK, PEAK_SEARCH, SAVED, TORCH, mode_options, typed_options
 from .problem import Plan, Problem
 from .progress import report
 
@@ -77,4 +77,5 @@ def label_peak_plan(plan: Plan, solver: str) -> Plan:
     """``plan`` with a ``solver`` field that says which solver was asked and what found the plan."""
     extra: Mapping[str, object] = plan.extra or {}
     found = extra.get("found_by") or ("min-cut/checkpoint frontier" if solver == "mincut" else plan.solver)
-    return replace(plan, solver=f"{solver} (peak: {found})")
+    how = "" if solver == "mincut" else f"{PEAK_SEARCH}, asked for as {solver!r}: "
+    return replace(plan, solver=f"{solver} (peak: {found})", message=how + plan.message)

@@ -112,6 +112,8 @@ def test_peak_plans_say_what_found_them():
     budget = (floor + top) // 2
     plan = registry.solve_peak(problem, "cpsat", budget, options={"time_limit_s": 5})
     assert plan.solver == f"cpsat (peak: {plan.extra['found_by']})"
+    assert plan.message.startswith("the peak search (HiGHS relaxation and cut rounds, local search), "
+                                   "asked for as 'cpsat': ")
     assert simulate_plan(problem, plan.saved).peak <= budget
     plan = registry.solve_peak(problem, "milp", budget, options={"time_limit_s": 5})
     assert plan.solver.startswith("milp (peak: ")
@@ -165,3 +167,14 @@ def test_partitioner_verbose_prints_lines_to_stderr(capfd):
     assert any("phase " in ln and "best " in ln and "bound " in ln for ln in lines), err
     assert any("plan by cpsat (peak: " in ln for ln in lines), err
     assert "opt-remat: " not in out
+
+
+def test_a_run_says_which_options_a_pair_did_without(tmp_path, capsys):
+    # one solver entry serves both kinds of budget: the peak pair leaves symmetry out, and says so
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY.format(budgets="[0.5, {peak: '10MiB'}]", option="symmetry: warm")
+                    .replace("dir: out", f"dir: {tmp_path / 'out'}"))
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: option(s) symmetry of cpsat do not apply under a peak budget" in out
+    assert out.count("warning: option(s) symmetry") == 1  # the saved-bytes pair used it
