@@ -59,8 +59,6 @@ class CpsatOptions:
     symmetry: str = option("none", "repeated layers: 'tie' one decision per group of interchangeable "
                            "values, 'warm' the tied solve as a warm start", kind="choice",
                            choices=("none", "tie", "warm"))
-    stages: int | None = option(None, "stages of the peak model on small graphs (default: its own)",
-                                kind="count", modes=(PEAK,))
     gap: float = option(0.01, "stop once the plan is within this relative gap of the bound",
                         kind="number", modes=(PEAK,))
 

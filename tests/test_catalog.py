@@ -63,7 +63,7 @@ def test_catalog_matches_the_functions_it_describes(name):
 
 def test_unknown_and_misplaced_options_name_the_accepted_ones():
     with pytest.raises(ValueError, match="unknown option 'tie' for solver 'cpsat'; it takes: time_limit_s, "
-                                         "threads, seed, warm_start_cuts, symmetry, stages, gap"):
+                                         "threads, seed, warm_start_cuts, symmetry, gap"):
         catalog.check_options("cpsat", {"tie": 1}, catalog.MODES)
     with pytest.raises(ValueError, match="'backend' of solver 'milp' does not apply under a peak budget"):
         catalog.check_options("milp", {"backend": "highs"}, [catalog.PEAK])
@@ -92,7 +92,7 @@ def test_yaml_refuses_options_of_no_budget_of_the_run(tmp_path):
     assert load_config(path).solvers[1].options == {"time_limit_s": 5, "gap": 0.05}  # used by the peak pair
     path.write_text(TINY.format(budgets="[{peak: '1MiB'}]", option="symmetry: warm"))
     with pytest.raises(ConfigError, match="symmetry.*does not apply under a peak budget; there it takes: "
-                                          "time_limit_s, threads, seed, stages, gap"):
+                                          "time_limit_s, threads, seed, gap"):
         load_config(path)
 
 

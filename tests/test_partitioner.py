@@ -180,7 +180,7 @@ def test_misspelled_solver_option_fails_when_made():
         opt_remat.backend("cpsat", compiler="eager", threads=-1)
     with pytest.raises(ValueError, match="expected one of \\['cbc', 'highs'\\]"):
         opt_remat.partitioner("milp", backend="gurobi")
-    opt_remat.partitioner("cpsat", peak_budget="1MiB", stages=4)  # the peak search's own options
+    opt_remat.partitioner("cpsat", peak_budget="1MiB", gap=0.02)  # the peak search's own options
     opt_remat.partitioner("mincut", lam="auto")
     with pytest.raises(ValueError, match="unknown option 'time_limt_s' for the default path.*time_limit_s"):
         opt_remat.partitioner(budget=0.5, time_limt_s=3)
@@ -189,7 +189,7 @@ def test_misspelled_solver_option_fails_when_made():
     with pytest.raises(ValueError, match="'lam' is not taken by the default path.*saved-bytes.*backend"):
         opt_remat.partitioner(budget=0.5, lam=0.1)
     with pytest.raises(ValueError, match="'symmetry' of solver 'cpsat' does not apply under a peak budget; "
-                                         "there it takes: time_limit_s, threads, seed, stages, gap"):
+                                         "there it takes: time_limit_s, threads, seed, gap"):
         opt_remat.partitioner("cpsat", peak_budget="1MiB", symmetry="warm")
     with pytest.raises(ValueError, match="'gap' of solver 'cpsat' does not apply under a saved-bytes budget"):
         opt_remat.partitioner("cpsat", budget=0.5, gap=0.01)
