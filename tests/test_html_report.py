@@ -27,7 +27,7 @@ model:
   kwargs: {d_in: 16, hidden: 32, layers: 2}
   inputs: [{shape: [4, 16], dtype: float32}]
 device: h100
-budgets: [0.5, 0.2]
+budgets: [0.5, 0.2, {peak: 1MiB}]
 solvers: [mincut, save-all, greedy]
 verify: {gradients: true, measure_memory: true}
 output: {dir: out, formats: [json, html]}
@@ -64,7 +64,7 @@ def test_page_is_self_contained(tiny_run):
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', markup)
     data = embedded_data(html)
     ids = [f["id"] for f in data["figures"]]
-    assert ids == ["fig-pareto", "fig-memory-0", "fig-memory-1", "fig-solve"]
+    assert ids == ["fig-pareto", "fig-memory-0", "fig-memory-1", "fig-memory-2", "fig-solve"]
     for fid in ids:
         assert f'id="{fid}"' in html
 
@@ -73,7 +73,8 @@ def test_curves_agree_with_the_simulator_and_the_results(tiny_run):
     out, problem = tiny_run
     report = load_run(out, problem)
     planned = [r for r in report.records if r.saved_bytes is not None]
-    assert len(report.plans) == len(planned) == 4  # save-all has no plan under fractional budgets
+    # save-all has no plan under fractional budgets, greedy and save-all none under a peak budget
+    assert len(report.plans) == len(planned) == 5
     for view in report.plans:
         rec, curve = view.record, report.curves[view.curve]
         graph = read_plan_file(out / rec.plan_file)["graphs"][0]
@@ -124,12 +125,17 @@ def test_figures_have_a_trace_per_solver_and_plan(tiny_run):
     solvers_with_plans = {v.record.solver for v in report.plans}
     names = [t["name"] for t in figs["fig-pareto"]["data"]]
     assert names[0] == "min-cut hull" and sorted(names[1:]) == sorted(solvers_with_plans)
-    for i, budget in enumerate(["0.5", "0.2"]):
+    for i, budget in enumerate(["0.5", "0.2", "peak 1MiB"]):
         views = [v for v in report.plans if v.record.budget == budget]
         traces = figs[f"fig-memory-{i}"]["data"]
         assert len(traces) == len({v.curve for v in views})  # plans that save the same values: one line
         assert sorted(s for t in traces for s in t["name"].split(" (peak")[0].split(" = ")) == sorted(
             v.record.solver for v in views)
+    peak = figs["fig-memory-2"]  # the peak budget, drawn as a line across
+    assert [v.record.solver for v in report.plans if v.record.budget == "peak 1MiB"] == ["mincut"]
+    unit = re.search(r"\((\w+)\)", peak["layout"]["yaxis"]["title"]["text"]).group(1)
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20}[unit]
+    assert [s["y0"] * scale for s in peak["layout"]["shapes"] if s["xref"] == "paper"] == [2**20]
     assert sorted(t["name"] for t in figs["fig-solve"]["data"]) == ["greedy", "mincut", "save-all"]
 
 

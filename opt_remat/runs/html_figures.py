@@ -55,7 +55,7 @@ def plan_hover(rec: Record) -> str:
         lines.append(f"step peak {format_bytes(rec.peak_bytes)} (gradients {format_bytes(rec.peak_gradient_bytes)})")
     solve = f"solved in {format_seconds(rec.solve_time_s)}"
     if rec.gap is not None:
-        solve += f" · gap {rec.gap:.2%}"
+        solve += f" · gap {rec.gap:.2%}" + ("" if rec.bound is None else f" (bound {rec.bound:.4g})")
     lines.append(solve)
     if rec.verified is not None:
         lines.append(f"gradients {verified_text(rec, notes=False)}")

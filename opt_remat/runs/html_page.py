@@ -20,7 +20,7 @@ from .util import jsonable, write_atomic
 
 REPORT_FILE = "report.html"
 CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px; padding: 0 1em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .info { color: #555; font-size: 0.9em; } nav a { margin-right: 1em; }
@@ -52,7 +52,7 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], numeric: Sequ
 
 
 def plans_table(report: RunReport) -> str:
-    """Every pair: its plan's figures, its solve (time, gap, bound) and its gradient check; notes
+    """Every pair: its plan's figures, its solve (time, gap) and its gradient check; notes
     (why there is no plan, what a check noticed) below, by number."""
     rows, classes, notes, last = [], [], [], None
     recs = report.records  # one unit per column
@@ -78,12 +78,11 @@ def plans_table(report: RunReport) -> str:
                      "recompute": format_seconds(rec.recompute_cost), "values saved/recomputed": "-"
                      if rec.n_saved is None else f"{rec.n_saved}/{rec.n_recomputed}",
                      "solve": format_seconds(rec.solve_time_s), "gap": "-" if rec.gap is None else f"{rec.gap:.2%}",
-                     "bound": "-" if rec.bound is None else f"{rec.bound:.4g}",
                      "gradients": verified_text(rec, notes=False), "loss": loss})
         classes.append(" ".join(c for c in ("first" if first else "", "fail" if rec.verified is False else "",
                                             "nop" if rec.saved_bytes is None else "") if c))
     numeric = ["saved", "measured", "step peak", "of it gradients", "recompute", "values saved/recomputed", "solve",
-               "gap", "bound"]
+               "gap"]
     table = _table(rows, list(rows[0]) if rows else ["budget"], numeric, classes)
     return f'<div class="scroll">{table}</div>' + (f'<ol class="note">{"".join(notes)}</ol>' if notes else "")
 
