@@ -1,4 +1,5 @@
-"""The ``opt-remat`` command line: ``run``, ``solve``, ``show``, ``compare``, ``report``, ``demo``.
+"""The ``opt-remat`` command line: ``run``, ``solve``, ``show``, ``compare``, ``report``, ``solvers``,
+``demo``.
 
 Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
 Ctrl-C exits with 130. ``--help`` texts are plain text (``DESCRIPTION``, ``RUN_EPILOG``).
@@ -29,6 +30,7 @@ examples:
   opt-remat show plan.json
   opt-remat compare runs/a runs/b
   opt-remat report runs/mlp                           (re)write a finished run's report.html
+  opt-remat solvers                                   the solvers, their budgets and options
 
 Bad input (configuration, options, files) exits with code 2 and one line naming what is wrong;
 Ctrl-C exits with 130. 'opt-remat COMMAND --help' describes each command."""
@@ -57,6 +59,11 @@ def _para(text: str) -> str:
     """A paragraph of --help text wrapped at 100 columns (the help formatter keeps it as it is)."""
     import textwrap
     return textwrap.fill(text, 100)
+
+
+def catalog_reference() -> str:
+    from solvers.catalog import reference
+    return reference()
 
 
 def _solver_names() -> str:
@@ -353,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
                                               "results.json, and must be the graph the run solved."))
     report.add_argument("run_dir", help="a run's output folder (the one holding results.json)")
     report.set_defaults(func=_report)
+
+    listing = sub.add_parser("solvers", help="list the solvers, the budgets each meets and their options",
+                             description=_para("Every solver with the budgets it meets (none, saved bytes, "
+                                               "peak) and its options: default, meaning, and the budgets "
+                                               "it applies under. An option given where it does not apply "
+                                               "is an error that names the options that do."))
+    listing.set_defaults(func=lambda args: print(catalog_reference()) or 0)
 
     demo = sub.add_parser("demo", help="partition a built-in model's training step and verify it",
                           description=_para("Partition a built-in model's training step with each solver and check "

@@ -44,9 +44,9 @@ class NoOptions:
 
 @dataclass(frozen=True)
 class MincutOptions:
-    lam: float | None = option(None, "seconds of recompute one saved byte is worth (default 0: the "
-                               "fewest bytes); under a saved-bytes budget the weight is searched "
-                               "instead, so it is refused there", kind="number", modes=(FREE,))
+    lam: float | None = option(None, "seconds of recompute one saved byte is worth (0: the fewest "
+                               "bytes; partitioner()'s default 'auto' prices it from the device); "
+                               "under a budget the weight is searched instead", kind="number", modes=(FREE,))
     backend: str = option("ortools", "the max-flow library", kind="choice", choices=("ortools", "networkx"))
 
 
@@ -144,6 +144,25 @@ def help_lines() -> list[str]:
         opts = entry.option_names()
         lines.append(f"{name}: {entry.summary}" + (f" [options: {', '.join(opts)}]" if opts else ""))
     return lines
+
+
+def reference(width: int = 100) -> str:
+    """Every solver, the budgets it meets, and its options with their defaults, the budgets they
+    apply under and what they do (``opt-remat solvers``)."""
+    import textwrap
+
+    short = {FREE: "none", SAVED: "saved bytes", PEAK: "peak"}
+    out = []
+    for name, entry in CATALOG.items():
+        out.append(textwrap.fill(f"{name}: {entry.summary}", width, subsequent_indent="    "))
+        out.append(f"    budgets: {', '.join(short[m] for m in entry.modes)}")
+        for f in dataclasses.fields(entry.options):
+            doc = f.metadata["doc"] + (f" ({', '.join(map(str, f.metadata['choices']))})"
+                                       if f.metadata["choices"] else "")
+            line = (f"{f.name}={f.default!r}: {doc}; budgets: "
+                    f"{', '.join(short[m] for m in f.metadata['modes'] if m in entry.modes)}")
+            out.append(textwrap.fill(line, width, initial_indent="    - ", subsequent_indent="      "))
+    return "\n".join(out)
 
 
 def describe(value: Any) -> str:

@@ -178,3 +178,12 @@ def test_a_run_says_which_options_a_pair_did_without(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "warning: option(s) symmetry of cpsat do not apply under a peak budget" in out
     assert out.count("warning: option(s) symmetry") == 1  # the saved-bytes pair used it
+
+
+def test_solvers_command_lists_every_solver_and_option(capsys):
+    assert main(["solvers"]) == 0
+    out = capsys.readouterr().out
+    for name in catalog.names():
+        assert f"\n{name}: " in "\n" + out
+    assert "- gap=0.01: stop once the plan is within this relative gap of the bound; budgets: peak" in out
+    assert "- lam=None:" in out and "budgets: none\n" in out
