@@ -22,6 +22,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from solvers import Node, Problem, Role
 
+from .canonical import clean_source
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
 from .prepare import classify, prepare_joint
 from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
@@ -77,11 +78,23 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     return None
 
 
-def _module_path(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        return str(list(stack.values())[-1][0])
-    return ""
+def module_stack(node: fx.Node) -> list[tuple[str, str]]:
+    """The modules a node was made in, outermost first, as (path, class): ``("model.layers.0",
+    "pkg.LlamaDecoderLayer")``. A backward node takes its forward node's stack. Entries that are
+    not submodules of the entry before them are left out: functions wrapped as modules (HF's
+    ``G['__import_...'].apply_rotary_pos_emb``) sit in the stack but own no weights or children."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    out: list[tuple[str, str]] = []
+    for raw, cls in stack.values():
+        raw = str(raw)
+        if raw.startswith("G['__import_"):  # an imported Python module's global: a function
+            continue
+        path = clean_source(raw)
+        if out and not path.startswith(out[-1][0] + "."):
+            continue
+        name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+        out.append((path, name))
+    return out
 
 
 def _meta_val(node: fx.Node) -> Any:
@@ -101,6 +114,102 @@ def _meta_val(node: fx.Node) -> Any:
     return None
 
 
+def _role(node: fx.Node, info: tp.NodeInfo, inputs: set[fx.Node]) -> Role:
+    if node in inputs or node.op == "get_attr":
+        return Role.INPUT
+    if node.target is rng_state_capture:
+        return Role.FORWARD  # no inputs and no users in the graph, but only the forward has it
+    if node in info.tangents_closure or node.op == "placeholder":
+        return Role.BACKWARD  # tangents, backward seeds, and everything that reads them
+    if info.is_required_fw(node):
+        return Role.FORWARD
+    return Role.EITHER
+
+
+@dataclasses.dataclass
+class _Storages:
+    """Fake storages seen so far: the first node owning each, and its size in bytes."""
+    owner: dict[int, str] = dataclasses.field(default_factory=dict)  # storage key -> node name
+    nbytes: dict[str, int] = dataclasses.field(default_factory=dict)  # owner -> storage bytes
+
+    def size(self, node: fx.Node, val: Any, role: Role) -> tuple[int, str | None, bool]:
+        """A value's bytes, the storage it shares (None: its own) and whether it can be saved."""
+        if isinstance(val, torch.Tensor):
+            nbytes = tensor_bytes(val)
+            key = get_node_storage(node)
+            if key is None:
+                return nbytes, None, True
+            if key in self.owner:
+                return nbytes, self.owner[key], True
+            self.owner[key] = node.name
+            try:
+                self.nbytes[node.name] = max(
+                    nbytes, int(optimization_hint(val.untyped_storage().nbytes(), fallback=nbytes)))
+            except Exception:  # storages of some subclasses cannot be sized; use the tensor
+                self.nbytes[node.name] = nbytes
+            return nbytes, None, True
+        if isinstance(val, (torch.SymInt, torch.SymBool)):
+            return 0, None, True  # a symbolic int, saved as a Python int, not as activation memory
+        if isinstance(val, torch.SymFloat):
+            return 0, None, False  # torch never saves SymFloats either
+        if isinstance(val, (list, tuple)) and role is not Role.INPUT:
+            # multi-output ops are saved through their getitems; outputs nobody extracts still
+            # exist for a moment: they count toward the peak
+            taken = {u.args[1] for u in node.users if u.target is operator.getitem}
+            return sum(tensor_bytes(v) for i, v in enumerate(val)
+                       if i not in taken and isinstance(v, torch.Tensor)), None, False
+        saveable = val is None or role is Role.INPUT or isinstance(val, (int, float, bool))
+        return 0, None, saveable
+
+
+def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Mapping[str, str],
+          op_types: tp.OpTypes, impure: Callable[[fx.Node], bool], tagged_recompute: set[str],
+          ban_reasons: dict[str, str], profile: DeviceProfile) -> Node:
+    """One value of the problem: sizes, bans (reasons into ``ban_reasons``), cost, module."""
+    nbytes, storage, saveable = storages.size(node, val, role)
+    extra_inputs: tuple[str, ...] = ()
+    banned = must_recompute = False
+    if role in (Role.FORWARD, Role.EITHER):
+        # a random op of the forward is recomputable by replaying its state (its extra input);
+        # one that could run in the backward instead would draw other numbers there: banned
+        replayable = role is Role.FORWARD and node.name in state_of
+        if replayable:
+            extra_inputs = (state_of[node.name],)
+        reason = _ban_reason(node, op_types, replayable, impure)
+        banned = reason is not None
+        if banned:
+            ban_reasons[node.name] = reason
+        # conflicts with bans are settled once every input is known (``resolve_tag_conflicts``)
+        must_recompute = tp.must_recompute(node)
+        if not must_recompute and node.meta.get("recompute") is None and storage in tagged_recompute:
+            # an untagged alias (detach, view) of a value tagged to be recomputed: saving it
+            # would save the tagged value's storage, against its tag
+            must_recompute = True
+        if must_recompute and storage is None:
+            tagged_recompute.add(node.name)
+    cost = 0.0
+    if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
+        view_like = storage is not None or node.target is operator.getitem
+        cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
+    stack = module_stack(node)
+    return Node(
+        name=node.name,
+        role=role,
+        inputs=tuple(dict.fromkeys(i.name for i in node.all_input_nodes)) + extra_inputs,
+        bytes=nbytes,
+        storage=storage,
+        cost=cost,
+        banned=banned,
+        must_recompute=must_recompute,
+        saveable=saveable,
+        allocated_by=(node.args[0].name if node.target is operator.getitem
+                      and isinstance(node.args[0], fx.Node) else None),
+        op=(("rng_state" if node.target is rng_state_capture else str(node.target))
+            if node.op == "call_function" else node.op),
+        module=stack[-1][0] if stack else "",
+    )
+
+
 def build_problem(
     joint_module: fx.GraphModule,
     *,
@@ -116,7 +225,6 @@ def build_problem(
     (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``)."""
     if costs not in ("roofline", "profile"):
         raise ValueError(f"costs must be 'roofline' or 'profile', got {costs!r}")
-    timed: list[fx.Node] = []  # the ops "profile" measures
     profile = get_profile(device)
     info = node_info or classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     op_types = tp.get_default_op_list()
@@ -130,111 +238,33 @@ def build_problem(
     required: set[str] = set()
     ban_reasons: dict[str, str] = {}
     tagged_recompute: set[str] = set()  # storage owners tagged to be recomputed
-    storage_of: dict[int, str] = {}  # fake storage key -> the first node name that owns it
-    storage_bytes: dict[str, int] = {}
+    storages = _Storages()
+    module_classes: dict[str, str] = {}
+    timed: list[fx.Node] = []  # the ops "profile" measures
     state_of = {s.meta[STATE_META]: s.name for s in state_nodes(joint_module.graph)}  # random op -> state
     for node in joint_module.graph.nodes:
         if node.op == "output":
             continue
-        val = _meta_val(node)
-        extra_inputs: tuple[str, ...] = ()
-        if node in inputs or node.op == "get_attr":
-            role = Role.INPUT
-        elif node.target is rng_state_capture:
-            role = Role.FORWARD  # no inputs and no users in the graph, but only the forward has it
-        elif node in info.tangents_closure or node.op == "placeholder":
-            role = Role.BACKWARD  # tangents, backward seeds, and everything that reads them
-        elif info.is_required_fw(node):
-            role = Role.FORWARD
-        else:
-            role = Role.EITHER
+        role = _role(node, info, inputs)
         if role is not Role.BACKWARD and (node in info.required_bw_nodes or node in bwd_out_nodes):
             required.add(node.name)
-
-        # sizes and storages
-        storage: str | None = None
-        is_view = False
-        nbytes = 0
-        saveable = True
-        if isinstance(val, torch.Tensor):
-            nbytes = tensor_bytes(val)
-            key = get_node_storage(node)
-            if key is not None:
-                if key in storage_of:
-                    storage = storage_of[key]
-                    is_view = True
-                else:
-                    storage_of[key] = node.name
-                    try:
-                        storage_bytes[node.name] = max(
-                            nbytes, int(optimization_hint(val.untyped_storage().nbytes(), fallback=nbytes)))
-                    except Exception:  # storages of some subclasses cannot be sized; use the tensor
-                        storage_bytes[node.name] = nbytes
-        elif isinstance(val, torch.SymInt) or isinstance(val, torch.SymBool):
-            nbytes = 0  # a symbolic int, saved as a Python int, not as activation memory
-        elif isinstance(val, torch.SymFloat):
-            saveable = False  # torch never saves SymFloats either
-        elif isinstance(val, (list, tuple)) and role is not Role.INPUT:
-            saveable = False  # multi-output ops are saved through their getitems
-            # outputs nobody extracts still exist for a moment: they count toward the peak
-            taken = {u.args[1] for u in node.users if u.target is operator.getitem}
-            nbytes = sum(tensor_bytes(v) for i, v in enumerate(val)
-                         if i not in taken and isinstance(v, torch.Tensor))
-        elif val is not None and role is not Role.INPUT and not isinstance(val, (int, float, bool)):
-            saveable = False
-
-        banned = False
-        must_recompute = False
-        if role in (Role.FORWARD, Role.EITHER):
-            # a random op of the forward is recomputable by replaying its state (its extra input);
-            # one that could run in the backward instead would draw other numbers there: banned
-            replayable = role is Role.FORWARD and node.name in state_of
-            if replayable:
-                extra_inputs = (state_of[node.name],)
-            reason = _ban_reason(node, op_types, replayable, impure)
-            banned = reason is not None
-            if banned:
-                ban_reasons[node.name] = reason
-            # conflicts with bans are settled below, once every input is known
-            must_recompute = tp.must_recompute(node)
-            if not must_recompute and node.meta.get("recompute") is None and storage in tagged_recompute:
-                # an untagged alias (detach, view) of a value tagged to be recomputed: saving it
-                # would save the tagged value's storage, against its tag
-                must_recompute = True
-            if must_recompute and storage is None:
-                tagged_recompute.add(node.name)
-
-        cost = 0.0
-        if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
-            view_like = is_view or node.target is operator.getitem
-            cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
-            if costs == "profile" and not view_like:
-                timed.append(node)
-        nodes.append(Node(
-            name=node.name,
-            role=role,
-            inputs=tuple(dict.fromkeys(i.name for i in node.all_input_nodes)) + extra_inputs,
-            bytes=nbytes,
-            storage=storage,
-            cost=cost,
-            banned=banned,
-            must_recompute=must_recompute,
-            saveable=saveable,
-            allocated_by=(node.args[0].name if node.target is operator.getitem
-                          and isinstance(node.args[0], fx.Node) else None),
-            op=(("rng_state" if node.target is rng_state_capture else str(node.target))
-                if node.op == "call_function" else node.op),
-            module=_module_path(node),
-        ))
+        made = _node(node, _meta_val(node), role, storages, state_of, op_types, impure,
+                     tagged_recompute, ban_reasons, profile)
+        nodes.append(made)
+        module_classes.update(module_stack(node))
+        if (costs == "profile" and node.op == "call_function" and role in (Role.FORWARD, Role.EITHER)
+                and made.storage is None and node.target is not operator.getitem):
+            timed.append(node)  # views cost nothing to recompute: not timed
     nodes = resolve_tag_conflicts(nodes, ban_reasons)
     if timed:
         from .profile_costs import profile_costs
         measured = profile_costs(timed)
         nodes = [dataclasses.replace(n, cost=measured[n.name]) if n.name in measured else n for n in nodes]
-    return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storage_bytes,
+    return Problem(tuple(nodes), required=frozenset(required), storage_bytes=storages.nbytes,
                    count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
-                   backward_outputs=frozenset(n.name for n in bwd_out_nodes))
+                   backward_outputs=frozenset(n.name for n in bwd_out_nodes),
+                   module_classes=module_classes)
 
 
 def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100",

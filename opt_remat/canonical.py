@@ -21,7 +21,7 @@ import torch.fx as fx
 ID_CHARS = 16
 
 
-def _clean_source(name: str) -> str:
+def clean_source(name: str) -> str:
     """dynamo's ``L['self']._modules['layers']._modules['0']._parameters['weight']`` -> ``layers.0.weight``."""
     s = re.sub(r"^L\['self'\]", "", name)
     s = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", s)
@@ -40,11 +40,11 @@ def input_roles(gm: fx.GraphModule) -> list[str]:
         if text is None:
             roles.append(f"input #{i}")
         elif "._parameters[" in text:
-            roles.append("param " + _clean_source(text))
+            roles.append("param " + clean_source(text))
         elif "._buffers[" in text:
-            roles.append("buffer " + _clean_source(text))
+            roles.append("buffer " + clean_source(text))
         else:
-            roles.append("input " + _clean_source(text))
+            roles.append("input " + clean_source(text))
     return roles
 
 

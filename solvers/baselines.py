@@ -3,7 +3,8 @@
 * ``save-all``    – torch's ``default_partition``: save every value the backward reads;
 * ``inputs-only`` – recompute everything that may be recomputed (torch's memory budget 0);
 * ``greedy``/``dp`` – torch's ``activation_memory_budget`` knapsack, reformulated on this model;
-* ``uniform``/``sqrt`` – ``torch.utils.checkpoint``-style block checkpointing.
+* ``uniform``/``sqrt`` – ``torch.utils.checkpoint``-style block checkpointing (the blocks:
+  ``solvers.blocks``).
 
 Every baseline returns a plan built by ``plan_from_saved`` (so it is valid by construction) with
 status ``HEURISTIC``, or ``INFEASIBLE`` when a budget was given and the plan exceeds it: the plan is
@@ -20,8 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .blocks import block_boundaries, boundary_groups  # noqa: F401 (block_boundaries: re-exported)
 from .budget import format_bytes
-from .liveness import narrow_cut_values
 from .mincut import InfeasibleError, lam_range, solve_mincut
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
 from .registry import register
@@ -260,86 +261,16 @@ def knapsack_baseline(problem: Problem, budget: int | None, *, solver: str = "gr
 
 # ---- block checkpointing: torch.utils.checkpoint ----------------------------------------------
 
-# cut widths (times the narrowest) tried in turn for block boundaries; 2x takes in both residual
-# values of a pre-norm transformer block (after attention and after the MLP)
-NARROW_CUT_WIDTHS = (1.0, 1.5, 2.0, 3.0)
-
-
-def block_boundaries(problem: Problem) -> tuple[list[str], str]:
-    """Candidate checkpoints in topological order, and how they were found.
-
-    ``"dominators"``: the forward values every forward path from the inputs to the loss passes
-    through (the loss: the forward value with no forward users and the most ancestors) -- the
-    outputs of the blocks ``torch.utils.checkpoint`` users wrap. With fewer than two of those,
-    ``"narrow cuts"``: the values crossing the forward's narrowest cuts
-    (``solvers.liveness.narrow_cut_values``). When there are none either, ``"topological"``: every saveable, recomputable forward value in topological order, so
-    that "every k-th" spaces checkpoints evenly in execution order.
-    """
-    import networkx as nx
-
-    fwd = list(problem.candidates)
-    if not any(n.role is Role.FORWARD for n in fwd):
-        return [], "none"
-    g = nx.DiGraph()
-    source = ("__source__",)
-    g.add_node(source)
-    for n in fwd:
-        g.add_node(n.name)
-        if not n.inputs:
-            g.add_edge(source, n.name)
-        for i in n.inputs:
-            g.add_edge(i, n.name)
-    # ancestor sets as int bitsets (one bit per value): n^2 bits, not n^2 set entries
-    anc: dict[str, int] = {}
-    for n in fwd:
-        bits = 0
-        for i in n.inputs:
-            bits |= anc[i] | (1 << problem.index[i])
-        anc[n.name] = bits
-    ancestors = {k: v.bit_count() for k, v in anc.items()}
-    sinks = [n for n in fwd if n.role is Role.FORWARD
-             and not any(problem.by_name[u].role is not Role.BACKWARD
-                         for u in problem.users[n.name])]
-    loss = max(sinks, key=lambda n: (ancestors[n.name], problem.index[n.name])).name
-    idom = nx.immediate_dominators(g, source)
-    chain: list[str] = []
-    v = idom.get(loss)
-    while v is not None and v != source:
-        chain.append(v)
-        nxt = idom[v]
-        v = None if nxt == v else nxt
-    chain.reverse()
-    bounds = [b for b in chain
-              if problem.by_name[b].role in (Role.FORWARD, Role.EITHER) and problem.can_save(b)]
-    if len(bounds) > 1:
-        return bounds, "dominators"
-    # Graph inputs enter every block (a transformer's weights, its rotary tables), so paths from
-    # them bypass the blocks' outputs and nothing inside dominates: the values crossing the
-    # forward's narrowest cuts (the residual stream) are the block boundaries then
-    # the narrowest cuts may all sit at one end (a big model's loss head: a cut there is narrower
-    # than the residual stream); widen until the boundaries spread over the forward
-    forward_pos = {n.name: i for i, n in enumerate(fwd)}
-    for widest in NARROW_CUT_WIDTHS:
-        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0) if problem.can_save(v) and v != loss]
-        points = [0] + sorted(forward_pos[v] for v in narrow) + [len(fwd)]
-        if len(narrow) > 1 and max(b - a for a, b in zip(points, points[1:])) <= len(fwd) // 2:
-            return narrow, "narrow cuts"
-    if bounds:
-        return bounds, "dominators"
-    topo = [n.name for n in fwd if n.role is Role.FORWARD and n.name != loss
-            and problem.can_save(n.name) and problem.can_recompute(n.name)]
-    return topo, "topological"
-
-
-def _checkpoint_plan(problem: Problem, bounds: list[str], every: int, *, solver: str,
+def _checkpoint_plan(problem: Problem, groups: list[tuple[str, ...]], every: int, *, solver: str,
                      start: float, budget: int | None, mode: str) -> Plan:
-    """Save every ``every``-th boundary (segments of ``every`` blocks), recompute the rest allowed."""
-    chosen = frozenset(bounds[every - 1::every])
+    """Save every ``every``-th boundary group (segments of ``every`` blocks), recompute the rest
+    allowed."""
+    chosen = frozenset(v for g in groups[every - 1::every] for v in g)
     saved = _walk(problem, chosen.__contains__)
     plan = _finish(problem, saved, solver=solver, start=start, budget=budget,
-                   extra={"every": every, "n_boundaries": len(bounds), "boundary_mode": mode})
+                   extra={"every": every, "n_boundaries": len(groups), "boundary_mode": mode})
     # report the checkpoints the plan really keeps (one no recomputation reaches is dropped)
-    kept = [b for b in bounds if b in chosen and b in plan.saved]
+    kept = [b for g in groups for b in g if b in chosen and b in plan.saved]
     return replace(plan, extra={**plan.extra, "checkpoints": kept})
 
 
@@ -354,7 +285,7 @@ def uniform_checkpoint(problem: Problem, budget: int | None, *, every: int | Non
     start = time.perf_counter()
     if every is not None and every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
-    bounds, mode = block_boundaries(problem)
+    bounds, mode = boundary_groups(problem)
     if every is not None or budget is None:
         return _checkpoint_plan(problem, bounds, every or 2, solver="uniform", start=start,
                                 budget=budget, mode=mode)
@@ -372,7 +303,7 @@ def uniform_checkpoints(problem: Problem, everies: Sequence[int]) -> list[Plan]:
     """``uniform_checkpoint`` at each spacing in ``everies``, the block boundaries found once;
     a spacing that gives no valid plan is left out."""
     start = time.perf_counter()
-    bounds, mode = block_boundaries(problem)
+    bounds, mode = boundary_groups(problem)
     plans = []
     for every in everies:
         try:
@@ -386,7 +317,7 @@ def uniform_checkpoints(problem: Problem, everies: Sequence[int]) -> list[Plan]:
 def sqrt_checkpoint(problem: Problem, budget: int | None) -> Plan:
     """Chen et al.'s sqrt(n) checkpointing: every ``ceil(sqrt(n))``-th of the n block boundaries."""
     start = time.perf_counter()
-    bounds, mode = block_boundaries(problem)
+    bounds, mode = boundary_groups(problem)
     k = max(1, math.ceil(math.sqrt(len(bounds))))
     return _checkpoint_plan(problem, bounds, k, solver="sqrt", start=start, budget=budget,
                             mode=mode)

@@ -250,13 +250,15 @@ def peak_lower_bound(problem: Problem) -> int:
     return max(forward_floor, backward_floor)
 
 
-def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool = False) -> list[str]:
+def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool = False,
+                      within: tuple[int, int] | None = None) -> list[str]:
     """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
     bytes computed so far are still needed later (up to ``widest`` times that width). In a network
     of blocks the narrowest are the values between blocks (a transformer's residual stream): the
     classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
     crosses). ``largest_only``: per narrow cut only its largest value (the residual stream, not
-    the small statistics alive beside it)."""
+    the small statistics alive beside it). ``within``: only cuts after forward values whose node
+    indices lie in this range (the blocks: not the loss head's scalars)."""
     forward = [n for n in problem.nodes if n.role is Role.FORWARD]
     position = {n.name: i for i, n in enumerate(forward)}
     last: dict[str, int] = {}
@@ -275,6 +277,9 @@ def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool 
     for i in range(len(forward)):
         running += delta[i]
         width.append(running)
+    lo, hi = within if within is not None else (0, len(problem.nodes))
+    index = problem.index
+    width = [w if lo <= index[forward[t].name] <= hi else 0 for t, w in enumerate(width)]
     inner = [w for w in width[1:-1] if w > 0]
     if not inner:
         return []

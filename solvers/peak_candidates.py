@@ -1,13 +1,14 @@
 """Plans a peak solve starts from, cheap to make: min-cut across its trade-off, checkpointing
-plans (every k-th block boundary or residual value), callers' plans; each with its simulated
-peak; the cheapest of them that fits (``mincut_under_peak``). Also the error a peak budget no
-plan meets raises."""
+plans (every k-th block boundary or residual value; the blocks: ``solvers.blocks``), callers'
+plans; each with its simulated peak; the cheapest of them that fits (``mincut_under_peak``). Also
+the error a peak budget no plan meets raises."""
 
 from __future__ import annotations
 
 import time
 from typing import Iterable
 
+from .blocks import find_blocks
 from .liveness import narrow_cut_values, peak_lower_bound, simulate_plan, without_gradients
 from .mincut import InfeasibleError
 from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
@@ -59,17 +60,34 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
 CHECKPOINT_STARTS = ((1.0, 1), (1.0, 2), (1.0, 3), (1.0, 6), (2.0, 1), (2.0, 2), (4.0, 1), (4.0, 2))
 
 
+def _checkpoint_seeds(problem: Problem) -> list[set[str]]:
+    """Per (w, k) of ``CHECKPOINT_STARTS``, the values to checkpoint. Where the model's blocks are
+    known (``solvers.blocks``), the narrowest cuts are their boundaries (every k-th block's) and
+    the wider ones are looked for within the blocks (the loss head's scalars make cuts narrower
+    than any between blocks)."""
+    blocks = find_blocks(problem)
+    groups = blocks.boundaries if blocks is not None else []
+    within = blocks.span if blocks is not None else None
+    values: dict[float, list[str]] = {}
+    out = []
+    for widest, k in CHECKPOINT_STARTS:
+        if widest == 1.0 and groups:
+            out.append({v for g in groups[k - 1::k] for v in g})
+            continue
+        if widest not in values:
+            values[widest] = narrow_cut_values(problem, widest, largest_only=widest > 1.0, within=within)
+        out.append(set(values[widest][::k]))
+    return out
+
+
 def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     """Checkpointing plans: every k-th narrow-cut value saved (and what is free), the rest
     recomputed; low-peak starting points that min-cut plans do not reach."""
     by_name = problem.by_name
     free = {n.name for n in problem.nodes if n.role is Role.INPUT and problem.can_save(n.name)}
     out = []
-    values: dict[float, list[str]] = {}
-    for widest, k in CHECKPOINT_STARTS:
-        if widest not in values:
-            values[widest] = narrow_cut_values(problem, widest, largest_only=widest > 1.0)
-        saved = {v for v in values[widest][::k] if problem.can_save(v)} | free
+    for seed in _checkpoint_seeds(problem):
+        saved = {v for v in seed if problem.can_save(v)} | free
         for _ in range(4):  # values that cannot be recomputed (dropout) are saved where needed
             recomputed, _ = recompute_closure(problem, saved)
             needed = {u for v in recomputed for u in by_name[v].inputs} | set(problem.backward_reads)

@@ -6,8 +6,9 @@ before l saved (still waiting for their backward), plus l's own working set (its
 what it recomputes). That is a sum over a prefix of the chain: Rockmate's and rotor's dynamic
 program over the chain of blocks. Here:
 
-* ``find_layers``: the repeated layers of the graph (``solvers.symmetry``'s groups), each a list
-  of values by position, positions that agree in op, bytes, role and saveability across the layers;
+* ``find_layers``: the repeated layers of the graph (the model's blocks, else
+  ``solvers.symmetry``'s groups), each a list of values by position, positions that agree in op,
+  bytes, role and saveability across the layers;
 * the options: every distinct layer of the plans the solve has seen (the relaxation's at several
   budgets, min-cut's, checkpointing's, the search's), each with what the checkpoint-every-layer
   plan keeps in the layer, and each with the layer's output alone, so that a layer recomputes
@@ -25,7 +26,6 @@ The model is a guide: only plans the simulation says fit are returned.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -55,22 +55,12 @@ class Layers:
 
 def find_layers(problem: Problem) -> Layers | None:
     """The graph's repeated layers (at least ``MIN_LAYERS``), or None."""
-    from .symmetry import find_repeated
+    from .symmetry import layer_segments
 
-    sym = find_repeated(problem)
-    n_layers = sym.layers
-    if n_layers < MIN_LAYERS:
+    found = layer_segments(problem, MIN_LAYERS)
+    if found is None:
         return None
-    # a layer starts at the first value of the earliest class with one member per layer
-    index = problem.index
-    starts = min(([index[v] for v in g] for g in sym.groups if len(g) == n_layers), key=lambda m: m[0])
-    segments: list[list[str]] = [[] for _ in range(n_layers)]
-    layer_of: dict[str, int] = {}
-    for i, n in enumerate(problem.nodes):
-        if n.role in (Role.FORWARD, Role.EITHER) and i >= starts[0]:
-            layer = bisect.bisect_right(starts, i) - 1
-            segments[layer].append(n.name)
-            layer_of[n.name] = layer
+    segments, layer_of = found
     width = min(len(s) for s in segments)
     by_name = problem.by_name
 

@@ -53,7 +53,9 @@ class Node:
     saveable: bool = True  # False for values that cannot be saved (tuples, SymFloats)
     allocated_by: str | None = None  # a multi-output op whose call creates this value's memory
     op: str = ""  # a label for reports, e.g. "aten.mm"
-    module: str = ""  # the module path that produced it, for reports
+    # the module path that made it (``model.layers.3.mlp``; a backward value: its forward value's),
+    # for reports and for finding repeated blocks (``solvers.blocks``); "" when unknown
+    module: str = ""
 
     @property
     def storage_id(self) -> str:
@@ -75,6 +77,9 @@ class Problem:
     # forward) and backward values returned as gradients (alive to the end of the step)
     forward_outputs: frozenset[str] = frozenset()
     backward_outputs: frozenset[str] = frozenset()
+    # module path -> its class ("pkg.mod.LlamaDecoderLayer"), for every module a node's path runs
+    # through: repeated blocks are indexed modules of one class (``solvers.blocks``)
+    module_classes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

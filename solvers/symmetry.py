@@ -1,7 +1,10 @@
 """Repeated layers: values that play the same part in identical layer subgraphs.
 
 Transformer and ResNet training graphs repeat one block many times, in the same order each time,
-so their decisions repeat too. Detection, in two steps:
+so their decisions repeat too. Where the model's blocks are known from its module paths
+(``solvers.blocks``), they are the layers: their values are aligned position by position by what
+a plan cares about (the labels below), and each position across the layers is a group. Without
+module paths (graph files), the layers are guessed from the graph, in two steps:
 
 * every value gets a colour from what a plan cares about (role, op, bytes, storage size,
   recompute cost, bans, whether it is a view, whether the backward reads or returns it), refined
@@ -19,9 +22,11 @@ problem solved exactly) and ``symmetry="warm"`` (its plan warm-starts the full p
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass
 
+from .blocks import block_positions, block_segments, find_blocks
 from .disjoint_sets import DisjointSets
 from .problem import Problem, Role
 
@@ -53,6 +58,12 @@ def _label(problem: Problem, name: str) -> tuple:
 
 def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: int = 4) -> Symmetry:
     """Groups of candidate values that repeated layers make interchangeable (see the module doc)."""
+    blocks = find_blocks(problem)
+    if blocks is not None:
+        rows = block_positions(problem, blocks, lambda v: _label(problem, v))
+        groups = [g for g in ([v for v in r if v is not None] for r in rows) if len(g) > 1]
+        if groups:
+            return _symmetry(problem, groups)
     names = [n.name for n in problem.nodes]
     palette: dict[tuple, int] = {}
     colour = {v: palette.setdefault(_label(problem, v), len(palette)) for v in names}
@@ -80,8 +91,38 @@ def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: i
     for i, node in enumerate(problem.nodes):
         if node.role in (Role.FORWARD, Role.EITHER):
             members.setdefault(sets.find(i), []).append(node.name)
-    groups = [g for g in members.values() if len(g) > 1]
+    return _symmetry(problem, [g for g in members.values() if len(g) > 1])
+
+
+def _symmetry(problem: Problem, groups: list[list[str]]) -> Symmetry:
     sizes = Counter(len(g) for g in groups)
     layers = max(sizes, key=lambda k: (sizes[k], k)) if sizes else 1
     return Symmetry(groups=groups, num_candidates=len(problem.candidates),
                     covered=sum(len(g) for g in groups), layers=layers)
+
+
+def layer_segments(problem: Problem, min_layers: int) -> tuple[list[list[str]], dict[str, int]] | None:
+    """Per repeated layer, its forward-side values in graph order, and each forward-side value from
+    the first layer on -> its layer (values between layers and after the last: the layer before);
+    None with fewer than ``min_layers`` layers. The layers: the model's blocks, else the layers
+    ``find_repeated`` finds, each starting at the first value of the earliest group with one
+    member per layer."""
+    blocks = find_blocks(problem)
+    if blocks is not None:
+        if len(blocks.paths) < min_layers:
+            return None
+        return block_segments(problem, blocks, lambda v: _label(problem, v))
+    sym = find_repeated(problem)
+    n_layers = sym.layers
+    if n_layers < min_layers:
+        return None
+    index = problem.index
+    starts = min(([index[v] for v in g] for g in sym.groups if len(g) == n_layers), key=lambda m: m[0])
+    segments: list[list[str]] = [[] for _ in range(n_layers)]
+    layer_of: dict[str, int] = {}
+    for i, n in enumerate(problem.nodes):
+        if n.role in (Role.FORWARD, Role.EITHER) and i >= starts[0]:
+            layer = bisect.bisect_right(starts, i) - 1
+            segments[layer].append(n.name)
+            layer_of[n.name] = layer
+    return segments, layer_of
