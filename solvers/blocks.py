@@ -14,8 +14,9 @@ tables, masks) are context, not boundaries. After the last block, its exit: the 
 the rest of the forward (the final hidden states). Saving every boundary and recomputing the rest
 is ``torch.utils.checkpoint`` around each block.
 
-Graphs without module paths (published graph files) have no blocks here: callers fall back to
-guessing them from the graph (``solvers.baselines.block_boundaries``, ``solvers.symmetry``).
+Graphs without module paths (published graph files), or whose modules repeat nothing, have no
+blocks: their checkpoints are guessed from the graph (``graph_boundaries`` below), their repeated
+layers too (``solvers.symmetry``).
 """
 
 from __future__ import annotations

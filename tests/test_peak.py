@@ -301,12 +301,12 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     found = info.value.min_peak
     assert floor <= found <= 1.25 * floor
     assert found <= min(peak for _, peak in _frontier(problem))
-    # the checkpointing baselines find the same block boundaries (weights and rotary tables enter
-    # every block, so no value dominates): they save some, and peak far below saving nothing
+    # the checkpointing baselines find the blocks from the module paths (weights and rotary tables
+    # enter every block, so no value dominates): they save some, and peak far below saving nothing
     from solvers.baselines import block_boundaries
     from solvers.registry import solve
     bounds, mode = block_boundaries(problem)
-    assert mode == "narrow cuts" and len(bounds) >= 4
+    assert mode == "modules" and len(bounds) >= 4
     uniform = solve(problem, "uniform", None)
     assert uniform.saved_bytes > 0
     assert simulate_plan(problem, uniform.saved).peak < simulate_plan(problem, solve(problem, "inputs-only", None).saved).peak
