@@ -44,26 +44,38 @@ class Model:
                 + sum(len(m) for _, m in self.storage_links) + 1)
 
 
-def build_model(problem: Problem) -> Model:
-    """Presolve and build the model; raises InfeasibleError when no plan exists at all."""
-    possible: dict[str, bool] = {}  # can be made available in the backward at all
-    rec_ok: dict[str, bool] = {}  # can be recomputed (allowed and inputs obtainable)
-    free: dict[str, bool] = {}
-    free_saved: list[str] = []
-    inputs_of: dict[str, tuple[str, ...]] = {}
+@dataclass
+class _Reach:
+    """Per candidate value, in topological order: what the program's variables depend on."""
+
+    inputs_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # deduplicated, ordered
+    possible: dict[str, bool] = field(default_factory=dict)  # can be available in the backward
+    rec_ok: dict[str, bool] = field(default_factory=dict)  # recomputable (allowed, inputs obtainable)
+    free: dict[str, bool] = field(default_factory=dict)  # available at no cost and no memory
+    free_saved: list[str] = field(default_factory=list)  # saved at no memory cost
+
+
+def _reach(problem: Problem) -> _Reach:
+    r = _Reach()
     for node in problem.candidates:  # topological order
         name = node.name
-        ins = tuple(dict.fromkeys(node.inputs))  # deduplicated, order kept
-        inputs_of[name] = ins
+        ins = r.inputs_of[name] = tuple(dict.fromkeys(node.inputs))
         cs = problem.can_save(name)
-        rec = problem.can_recompute(name) and all(possible[u] for u in ins)
-        rec_ok[name] = rec
-        possible[name] = cs or rec
+        rec = r.rec_ok[name] = problem.can_recompute(name) and all(r.possible[u] for u in ins)
+        r.possible[name] = cs or rec
         if cs and not problem.counts_memory(node.storage_id):
-            free[name] = True
-            free_saved.append(name)
+            r.free[name] = True
+            r.free_saved.append(name)
         else:
-            free[name] = rec and problem.recompute_cost_of(name) == 0.0 and all(free[u] for u in ins)
+            r.free[name] = (rec and problem.recompute_cost_of(name) == 0.0
+                            and all(r.free[u] for u in ins))
+    return r
+
+
+def build_model(problem: Problem) -> Model:
+    """Presolve and build the model; raises InfeasibleError when no plan exists at all."""
+    reach = _reach(problem)
+    possible, rec_ok, free, inputs_of = reach.possible, reach.rec_ok, reach.free, reach.inputs_of
 
     reads = sorted(problem.backward_reads, key=problem.index.__getitem__)
     impossible = [r for r in reads if not possible[r]]
@@ -142,7 +154,7 @@ def build_model(problem: Problem) -> Model:
         if size > 0:
             mem_var.append(y)
             mem_size.append(size)
-    return Model(num_vars=n, s_var=s_var, r_var=r_var, free_saved=free_saved, lower=lower,
+    return Model(num_vars=n, s_var=s_var, r_var=r_var, free_saved=reach.free_saved, lower=lower,
                   covers=covers, implications=implications, storage_links=storage_links,
                   mem_var=mem_var, mem_size=mem_size, cost=cost, shared=bool(storage_links),
                   num_relevant=len(relevant))

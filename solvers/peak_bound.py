@@ -378,7 +378,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
                                        probing=probing)
 
-    from .mip import _CostScale, _solve_cpsat
+    from .mip_cpsat import CostScale, solve_cpsat
     from .mip_model import hint_from_plan, normalize_saved
     from .problem import PlanError, Status, plan_from_saved
 
@@ -389,7 +389,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                                                          solver="hint", status=Status.HEURISTIC))
         except PlanError:
             hint = None
-    solved = _solve_cpsat(model, _CostScale.of(model), budget, hint, time_limit_s=max(time_limit_s, 0.05),
+    solved = solve_cpsat(model, CostScale.of(model), budget, hint, time_limit_s=max(time_limit_s, 0.05),
                           threads=threads, seed=seed,
                           # cumulative models: no callbacks, CP-SAT's presolve on (CP-SAT 9.15
                           # crashes on either otherwise)
@@ -401,8 +401,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
 
 def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
                             time_limit_s: float, rel_gap: float, probing: bool) -> Relaxed:
-    from .highs_cpsat import solve_with_highs
-    from .mip import _saved_set, cpsat_program
+    from .highs import solve_with_highs
+    from .mip_cpsat import cpsat_program, saved_set
 
     began = time.perf_counter()  # building the program counts against the limit too
     m, _ = cpsat_program(model, {}, budget, extend)
@@ -415,5 +415,5 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0
-    saved = _saved_set(model, got.values) if got.values is not None else None
+    saved = saved_set(model, got.values) if got.values is not None else None
     return Relaxed(got.status, bound, saved)

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import solvers.mip as mip
+import solvers.mip_cpsat as mip_cpsat
+import solvers.mip_milp as mip_milp
 import solvers.mip_model as mip_model
 from solvers import InfeasibleError, Node, Problem, Role, Status, check_plan, recompute_closure
 from solvers.brute_force import Enumeration, brute_force
@@ -182,16 +184,16 @@ def test_tiny_time_limit_on_a_big_problem_still_returns_a_plan(engine):
 
 def test_falls_back_to_the_warm_start_when_the_solver_finds_nothing(monkeypatch):
     def nothing(*args, **kwargs):
-        return mip._Result("unknown", None, 0)
+        return mip_cpsat.EngineResult("unknown", None, 0)
 
-    monkeypatch.setattr(mip, "_run_cpsat", nothing)
+    monkeypatch.setattr(mip_cpsat, "run_cpsat", nothing)
     problem = random_problem(4, n_forward=9)
     budget = brute_force(problem).saved_bytes
     plan = solve_mip(problem, budget)
     assert plan.status is Status.TIME_LIMIT and "fell back" in plan.message
     assert check_plan(problem, plan, budget=budget).valid and plan.gap is not None
 
-    monkeypatch.setattr(mip, "_warm_start", lambda *a, **k: mip._WarmStart(None, None, 0, None))
+    monkeypatch.setattr(mip, "warm_start", lambda *a, **k: mip.WarmStart(None, None, 0, None))
     with pytest.raises(mip.MIPTimeLimitError):
         solve_mip(problem, budget)
 
@@ -217,12 +219,12 @@ def test_a_wrong_infeasible_claim_is_caught(monkeypatch):
     # CBC reports "infeasible" when its time limit cuts preprocessing short
     problem = random_problem(6, n_forward=9, view_prob=0.4)
     budget = brute_force(problem).saved_bytes
-    monkeypatch.setattr(mip, "_run_cbc", lambda *a, **k: mip._Result("infeasible", None, None))
+    monkeypatch.setattr(mip_milp, "run_cbc", lambda *a, **k: mip_cpsat.EngineResult("infeasible", None, None))
     plan = solve_mip(problem, budget, engine="cbc")  # refuted by the fitting min-cut plan
     assert plan.status is Status.TIME_LIMIT and "infeasible" in plan.message
     assert check_plan(problem, plan, budget=budget).valid
 
-    monkeypatch.setattr(mip, "_warm_start", lambda *a, **k: mip._WarmStart(None, None, 0, None))
+    monkeypatch.setattr(mip, "warm_start", lambda *a, **k: mip.WarmStart(None, None, 0, None))
     plan = solve_mip(problem, budget, engine="cbc")  # refuted by the least-memory solve
     assert plan.status is Status.TIME_LIMIT and "least-memory" in plan.message
     assert check_plan(problem, plan, budget=budget).valid
