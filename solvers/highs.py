@@ -98,7 +98,7 @@ def _lp(highspy: Any, p: Program) -> Any:
 def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
               hint: Sequence[int] | None = None, rel_gap: float = 1e-4, abs_gap: float | None = None,
               threads: int | None = None, seed: int | None = None, probing: bool = True,
-              scale_bounds: bool = False) -> HighsAnswer:
+              scale_bounds: bool = False, node_limit: int | None = None) -> HighsAnswer:
     """Solve ``p`` with HiGHS in ``time_limit_s`` (building the model counts). ``hint``: a start
     solution; ``probing``: HiGHS's presolve probes the binaries (off where the program solves at its
     root anyway and the probing is most of the time); ``scale_bounds``: bounds above
@@ -121,6 +121,8 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
         h.setOptionValue("random_seed", seed)
     if not probing:
         h.setOptionValue("presolve_rule_off", 1 << PRESOLVE_RULE_PROBING)
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     if scale_bounds:
         wide = [b for lo, up in zip(p.lower, p.upper) if up - lo > 1 for b in (lo, up)]
         big = max((abs(b) for b in [*p.row_lower, *p.row_upper, *wide] if math.isfinite(b)),
@@ -149,6 +151,7 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
     if st.name not in _ANSWERED:
         return HighsAnswer("failed", None, None, None, detail)
     info = h.getInfo()
+    detail["nodes"] = int(info.mip_node_count)
     has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
     col = h.getSolution().col_value if has_sol else None
     values = [int(round(v)) for v in col[:n_values]] if col is not None else None
@@ -162,7 +165,8 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
                 raise RuntimeError(f"HiGHS returned a solution of objective {got}, reported {objective}")
             again = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.01),
                               n_values=n_values, rel_gap=rel_gap, abs_gap=abs_gap, threads=threads,
-                              seed=seed, probing=probing, scale_bounds=scale_bounds)
+                              seed=seed, probing=probing, scale_bounds=scale_bounds,
+                              node_limit=node_limit)
             again.detail["highs_start_dropped"] = True
             return again
     bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None

@@ -93,12 +93,13 @@ def _min_feasible_bytes(model: Model, *, time_limit_s: float, threads: int,
 
 def _solve_engine(problem: Problem, model: Model, scale: CostScale, budget: int | None,
                   hint: list[int] | None, *, engine: str, deadline: float, threads: int,
-                  seed: int) -> Solved:
+                  seed: int, node_limit: int | None = None, tie_break: bool = True) -> Solved:
     if engine == "cpsat":
         return solve_cpsat(model, scale, budget, hint, threads=threads, seed=seed,
-                           time_limit_s=max(deadline - time.perf_counter(), 0.01))
+                           time_limit_s=max(deadline - time.perf_counter(), 0.01),
+                           tie_break=tie_break)
     return solve_milp(problem, model, scale, budget, hint, engine=engine, deadline=deadline,
-                      threads=threads, seed=seed)
+                      threads=threads, seed=seed, node_limit=node_limit, tie_break=tie_break)
 
 
 _TIE_FREE_LAYERS = 1
@@ -112,7 +113,8 @@ class _Tied:
 
 
 def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan | None, *,
-                engine: str, threads: int, seed: int, deadline: float) -> _Tied:
+                engine: str, threads: int, seed: int, deadline: float,
+                node_limit: int | None = None, tie_break: bool = True) -> _Tied:
     """The problem with one decision per repeated-layer group, solved exactly (in time); ``warm``
     (a plan in the presolved program's terms) is its hint."""
     t0 = time.perf_counter()
@@ -129,7 +131,8 @@ def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan |
         return _Tied(None, None, extra)
     hint = None if warm is None else hint_from_plan(tied, warm)
     solved = _solve_engine(problem, tied, CostScale.of(tied), budget, hint, engine=engine,
-                           deadline=deadline, threads=threads, seed=seed)
+                           deadline=deadline, threads=threads, seed=seed, node_limit=node_limit,
+                           tie_break=tie_break)
     extra.update({"tie_vars": tied.num_vars, "tie_status": solved.result.status,
                   "tie_s": time.perf_counter() - t0})
     if solved.plan_saved is None:
@@ -220,9 +223,18 @@ def _outcome(problem: Problem, solved: Solved, warm: WarmStart, tied: _Tied | No
     return saved, status, message
 
 
+def _lagrangian(warm: WarmStart, scale: CostScale) -> float:
+    # costs are >= 0, so 0 is a valid bound when the solver proved nothing (gap 100%)
+    lagrangian = warm.lagrangian_bound or 0.0
+    if scale.exact and scale.quantum > 0:  # every plan's cost is a multiple of the quantum
+        lagrangian = scale.quantum * math.ceil(lagrangian / scale.quantum - 1e-9)
+    return lagrangian
+
+
 def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
               time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
-              warm_start_cuts: int = 16, presolve: bool = True, symmetry: str = "none") -> Plan:
+              warm_start_cuts: int = 16, presolve: bool = True, symmetry: str = "none",
+              node_limit: int | None = None, tie_break: bool = True) -> Plan:
     """The least-recompute plan whose saved bytes fit ``budget`` (None: no limit), by a MIP.
 
     Among plans of equal cost it returns one with the least saved bytes. ``engine``: "cpsat"
@@ -239,6 +251,10 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
     problem (the plan is valid but its status is never "optimal"; the full problem is solved
     instead if the tied one admits no plan); "warm" solves the tied problem in up to a third of
     the time and starts the full solve from its plan when that beats the min-cut warm start.
+
+    ``node_limit`` (HiGHS, CBC): at most this many branch-and-bound nodes per run, a stop that does
+    not depend on the machine's speed or load (the time limit still applies). ``tie_break=False``:
+    least cost only, without the memory tie-break (for HiGHS and CBC a second run).
     """
     budget = _checked_args(budget, engine=engine, symmetry=symmetry, time_limit_s=time_limit_s)
     start = time.perf_counter()
@@ -264,7 +280,8 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
         share = 1.0 if symmetry == "tie" else 1 / 3
         tied = _solve_tied(problem, model, budget, start_plan, engine=engine, threads=threads,
                            seed=seed, deadline=time.perf_counter()
-                           + share * max(deadline - time.perf_counter(), 0.0))
+                           + share * max(deadline - time.perf_counter(), 0.0),
+                           node_limit=node_limit, tie_break=tie_break)
         if symmetry == "warm" and tied.plan is not None and (
                 warm.plan is None or better(tied.plan, warm.plan)):
             hint = hint_from_plan(model, tied.plan)
@@ -272,7 +289,8 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
         solved = tied.solved
     else:
         solved = _solve_engine(problem, model, scale, budget, hint, engine=engine,
-                               deadline=deadline, threads=threads, seed=seed)
+                               deadline=deadline, threads=threads, seed=seed,
+                               node_limit=node_limit, tie_break=tie_break)
     t_solve = time.perf_counter()
     note = ""
     if solved.result.status == "infeasible":
@@ -280,10 +298,7 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
                                           deadline=deadline, time_limit_s=time_limit_s,
                                           threads=threads, seed=seed)
 
-    # costs are >= 0, so 0 is a valid bound when the solver proved nothing (gap 100%)
-    lagrangian = warm.lagrangian_bound or 0.0
-    if scale.exact and scale.quantum > 0:  # every plan's cost is a multiple of the quantum
-        lagrangian = scale.quantum * math.ceil(lagrangian / scale.quantum - 1e-9)
+    lagrangian = _lagrangian(warm, scale)
     used_tie = tied is not None and solved is tied.solved
     # the tied problem's bound holds for the tied problem only: the full one may do better
     bound = max((None if used_tie else solved.bound) or 0.0, lagrangian)

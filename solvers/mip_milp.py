@@ -54,7 +54,8 @@ def milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[fl
 
 def run_highs_model(model: Model, objective: dict[int, float], budget: int | None,
                     hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
-                    cap: tuple[dict[int, float], float] | None = None, gap_abs: float) -> EngineResult:
+                    cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
+                    node_limit: int | None = None, probing: bool = True) -> EngineResult:
     """The program with HiGHS (``solvers.highs.run_highs``); ``cap``: ``objective . x <= cap``."""
     cols, coefs, lows = milp_rows(model)
     rows = [dict(zip(c, a)) for c, a in zip(cols, coefs)]
@@ -74,7 +75,8 @@ def run_highs_model(model: Model, objective: dict[int, float], budget: int | Non
                       upper=np.ones(model.num_vars), integer=[True] * model.num_vars, rows=rows,
                       row_lower=lows, row_upper=ups)
     got = run_highs(program, time_limit_s=time_limit_s, hint=hint, rel_gap=_MILP_GAP_REL,
-                    abs_gap=gap_abs, threads=threads, seed=seed)
+                    abs_gap=gap_abs, threads=threads, seed=seed, node_limit=node_limit,
+                    probing=probing)
     if got.status == "failed":
         raise RuntimeError(f"HiGHS failed: {got.detail.get('highs_status')}")
     return EngineResult(got.status, got.values, got.bound, got.detail)
@@ -85,7 +87,8 @@ _CBC_BOUND = re.compile(r"^Lower bound:\s*(\S+)", re.MULTILINE)
 
 def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
              hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
-             cap: tuple[dict[int, float], float] | None = None, gap_abs: float) -> EngineResult:
+             cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
+             node_limit: int | None = None) -> EngineResult:
     import pulp  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
 
     t0 = time.perf_counter()
@@ -116,7 +119,7 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
         log_path = os.path.join(tmp, "cbc.log")
         opts = dict(msg=False, timeLimit=max(time_limit_s - build_s, 0.01), threads=threads,
                     gapRel=_MILP_GAP_REL, gapAbs=gap_abs, warmStart=hint is not None,
-                    logPath=log_path, keepFiles=False)
+                    logPath=log_path, keepFiles=False, maxNodes=node_limit)
         solver = pulp.COIN_CMD(**opts)
         if not solver.available():  # no cbc on PATH: PuLP's bundled one (deprecated in PuLP 4)
             with warnings.catch_warnings():
@@ -147,12 +150,13 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
     raise RuntimeError(f"CBC failed: {pulp.LpStatus[prob.status]}")
 
 
-
 def solve_milp(problem: Problem, model: Model, scale: CostScale, budget: int | None,
-                hint: list[int] | None, *, engine: str, deadline: float, threads: int,
-                seed: int) -> Solved:
-    # lexicographic in two solves: least cost, then least memory at that cost (a tie-break term in
-    # one objective stops CBC from using the objective's integrality and it cannot close the gap)
+               hint: list[int] | None, *, engine: str, deadline: float, threads: int, seed: int,
+               node_limit: int | None = None, tie_break: bool = True) -> Solved:
+    """Least cost, then (``tie_break``) least memory at that cost; ``node_limit`` bounds each run's
+    branch-and-bound nodes (a deterministic stop, unlike the wall clock)."""
+    # lexicographic in two solves: a tie-break term in one objective stops CBC from using the
+    # objective's integrality and it cannot close the gap
     run = run_highs_model if engine == "highs" else run_cbc
     cmax = max(model.cost.values(), default=0.0)
     integral = scale.exact and (cmax == 0 or (scale.quantum > 0 and
@@ -167,7 +171,7 @@ def solve_milp(problem: Problem, model: Model, scale: CostScale, budget: int | N
         gap_abs = _MILP_GAP_ABS_FLOAT
     t0 = time.perf_counter()
     res = run(model, obj, budget, hint, time_limit_s=max(deadline - t0, 0.01), threads=threads,
-              seed=seed, gap_abs=gap_abs)
+              seed=seed, gap_abs=gap_abs, node_limit=node_limit)
     phase1_s = time.perf_counter() - t0
     bound = None
     if res.bound is not None:
@@ -177,7 +181,7 @@ def solve_milp(problem: Problem, model: Model, scale: CostScale, budget: int | N
     if res.values is None:
         return Solved(res, bound, None, integral, detail)
     saved = saved_set(model, res.values)
-    if res.status != "optimal" or not model.mem_var:
+    if res.status != "optimal" or not model.mem_var or not tie_break:
         return Solved(res, bound, saved, integral, detail)
 
     # phase 2: least memory among plans of (at most) the optimal cost, started from phase 1,
@@ -193,8 +197,11 @@ def solve_milp(problem: Problem, model: Model, scale: CostScale, budget: int | N
     for y, size in zip(model.mem_var, model.mem_size):
         mem_obj[y] = mem_obj.get(y, 0.0) + size // g
     res2 = run(model, mem_obj, budget, res.values, time_limit_s=left, threads=threads,
-               seed=seed, gap_abs=0.99, cap=(obj, cap))
+               seed=seed, gap_abs=0.99, cap=(obj, cap), node_limit=node_limit)
     detail["tie_break"] = "exact" if res2.status == "optimal" else "best found (time limit)"
+    detail["tie_break_s"] = time.perf_counter() - t0 - phase1_s
+    if "nodes" in res2.detail:
+        detail["tie_break_nodes"] = res2.detail["nodes"]
     if res2.values is not None:
         saved2 = saved_set(model, res2.values)
         p1 = plan_from_saved(problem, saved, solver="milp", status=Status.OPTIMAL)
