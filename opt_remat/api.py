@@ -309,8 +309,9 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     torch's ``activation_memory_budget``; without it, torch's own settings apply
     (``torch._functorch.config.activation_memory_budget`` and
     ``torch.autograd.graph.region_activation_memory_budget``; 1.0, torch's default, means none).
-    ``solver``: None (default) is min-cut, and under a budget min-cut followed by a CP-SAT search
-    of at most 0.8 s started from its plans, keeping the cheaper plan; a named solver is used alone
+    ``solver``: None (default) is min-cut, and under a budget the least-recompute plan proven by
+    HiGHS from min-cut warm starts (min-cut's plan where HiGHS proves nothing in its node limit or
+    10 s; ``opt_remat.solve.choose_default_plan``); a named solver is used alone
     (``"mincut"``: the pure fast path). ``options`` go to the solver (e.g. ``lam`` for mincut,
     ``time_limit_s``/``threads``/``seed`` for cpsat, ``backend`` for milp; ``symmetry="warm"`` or
     ``"tie"`` for cpsat/milp on models of repeated layers, see ``solvers.mip.solve_mip``). ``plan``: a JSON plan
