@@ -18,6 +18,7 @@ its wall time.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 
@@ -95,7 +96,7 @@ def main() -> None:
                 "default / optimum": f"{ratio:.4f}",
                 "default from": default.solver, "default s": f"{default_s:.2f}",
             })
-            print(table(rows[-1:], list(rows[-1])), flush=True)  # progress: big models take minutes
+            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), file=sys.stderr, flush=True)
     print(table(rows, list(rows[0])))
 
 

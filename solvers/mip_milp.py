@@ -16,6 +16,7 @@ import re
 import tempfile
 import time
 import warnings
+from typing import Iterable
 
 import numpy as np
 
@@ -23,7 +24,6 @@ from .highs import Program, run_highs
 from .mip_cpsat import CostScale, EngineResult, Solved, saved_set
 from .mip_model import Model
 from .problem import Problem, Status, plan_from_saved
-
 
 _LATTICE_MAX_UNITS = 1e8  # MILP costs go in as integers (units of their quantum) up to this size
 _MILP_GAP_REL = 1e-9  # for float costs; integral objectives stop below one unit instead
@@ -51,17 +51,24 @@ def milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[fl
     return cols, coefs, lows
 
 
+def _summed(cols: Iterable[int], coefs: Iterable[float]) -> dict[int, float]:
+    """A row as column -> coefficient; a column twice (variables merged by ties) is one entry."""
+    row: dict[int, float] = {}
+    for j, a in zip(cols, coefs):
+        row[j] = row.get(j, 0.0) + a
+    return row
+
 
 def run_highs_model(model: Model, objective: dict[int, float], budget: int | None,
                     hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
                     cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
-                    node_limit: int | None = None, probing: bool = True) -> EngineResult:
+                    node_limit: int | None = None) -> EngineResult:
     """The program with HiGHS (``solvers.highs.run_highs``); ``cap``: ``objective . x <= cap``."""
     cols, coefs, lows = milp_rows(model)
-    rows = [dict(zip(c, a)) for c, a in zip(cols, coefs)]
+    rows = [_summed(cs, vs) for cs, vs in zip(cols, coefs)]
     ups = [math.inf] * len(rows)
     if budget is not None and sum(model.mem_size) > budget:
-        rows.append(dict(zip(model.mem_var, map(float, model.mem_size))))
+        rows.append(_summed(model.mem_var, map(float, model.mem_size)))
         lows.append(-math.inf)
         ups.append(float(budget))
     if cap is not None:
@@ -75,8 +82,7 @@ def run_highs_model(model: Model, objective: dict[int, float], budget: int | Non
                       upper=np.ones(model.num_vars), integer=[True] * model.num_vars, rows=rows,
                       row_lower=lows, row_upper=ups)
     got = run_highs(program, time_limit_s=time_limit_s, hint=hint, rel_gap=_MILP_GAP_REL,
-                    abs_gap=gap_abs, threads=threads, seed=seed, node_limit=node_limit,
-                    probing=probing)
+                    abs_gap=gap_abs, threads=threads, seed=seed, node_limit=node_limit)
     if got.status == "failed":
         raise RuntimeError(f"HiGHS failed: {got.detail.get('highs_status')}")
     return EngineResult(got.status, got.values, got.bound, got.detail)
