@@ -222,7 +222,7 @@ class Partitioner:
                                     default_lam=auto_lam(self.profile), count_gradients=self.count_gradients)
         if self.solver is None:
             split = default_solver_options(opts, mode_of(requested, None))
-            return choose_default_plan(steer, budget, split["mincut"], split.get("cpsat"))
+            return choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
         return choose_plan(steer, self.solver, budget, opts)
 
     def _budget_in_force(self, joint_module: fx.GraphModule, info: tp.NodeInfo) -> int | float | str | None:

@@ -166,18 +166,18 @@ DEFAULT_TIE_BREAK_MAX_VALUES = 5_000
 
 
 def choose_default_plan(problem: Problem, budget: int | None, mincut_options: dict[str, Any],
-                        cpsat_options: dict[str, Any] | None = None) -> Plan:
+                        mip_options: dict[str, Any] | None = None) -> Plan:
     """No solver named. Without a budget: the min-cut plan. With one: the least-recompute plan,
     proven by HiGHS (``solve_mip(engine="highs")``, warm-started from min-cut plans; the memory
     tie-break on graphs of up to ``DEFAULT_TIE_BREAK_MAX_VALUES`` candidate values). Where HiGHS
     proves nothing (node limit, time guard, failure) the min-cut plan is computed too and the
-    better of the two returned, its message saying so. ``cpsat_options`` (the exact search's:
+    better of the two returned, its message saying so. ``mip_options`` (the exact search's:
     time_limit_s, threads, seed, warm_start_cuts, symmetry) override the defaults."""
     if budget is None:
         return choose_plan(problem, "mincut", None, mincut_options)
     options = {"time_limit_s": DEFAULT_MIP_SECONDS, "node_limit": DEFAULT_MIP_NODES,
                "tie_break": len(problem.candidates) <= DEFAULT_TIE_BREAK_MAX_VALUES,
-               **(cpsat_options or {})}
+               **(mip_options or {})}
     interrupt.clear()
     exact: Plan | None = None
     why = ""

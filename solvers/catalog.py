@@ -117,7 +117,9 @@ CATALOG: dict[str, SolverInfo] = {info.name: info for info in (
 
 # no solver named (``partitioner()``'s default): the solvers run in each mode, in order; an option
 # of the default path belongs to the first of them that takes it in that mode
-DEFAULT_PATH: dict[str, tuple[str, ...]] = {FREE: ("mincut",), SAVED: ("mincut", "cpsat"), PEAK: ("mincut",)}
+# (under a saved-bytes budget: milp with HiGHS, ``opt_remat.solve.choose_default_plan``; ``backend``
+# there is mincut's)
+DEFAULT_PATH: dict[str, tuple[str, ...]] = {FREE: ("mincut",), SAVED: ("mincut", "milp"), PEAK: ("mincut",)}
 DEFAULT_WORDS = "the default path (no solver named)"
 
 
