@@ -19,7 +19,7 @@ from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from solvers import Plan, Problem
+from solvers import Plan, Problem, catalog
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.plans_io import read_plan_file
 
@@ -139,6 +139,9 @@ class Partitioner:
         # the check YAML configs get: a misspelled option fails here, not at compile time
         checked = {k: 0.0 if (k, v) == ("lam", "auto") else v for k, v in self.options.items()}
         check_solver_options(self.solver, checked, possible_modes(self.budget, self._peak_bytes))
+        if peak is not None and self.plan is None and self.solver not in (None, *catalog.supporting(catalog.PEAK)):
+            raise ValueError(f"solver {self.solver!r} has no peak-budget mode: peak_budget works with solver "
+                             f"{', '.join(map(repr, catalog.supporting(catalog.PEAK)))} or none (the default)")
 
     def uuid(self) -> str:
         """A key for everything that decides this partitioner's plans: solver, budgets, options,

@@ -169,6 +169,9 @@ def test_bad_arguments_are_clear():
         opt_remat.partitioner(device="tpu9000")
     with pytest.raises(ValueError, match="compiler"):
         opt_remat.backend(compiler="tvm")
+    # refused when made, not as torch's BackendCompilerFailed on the first call
+    with pytest.raises(ValueError, match="'greedy' has no peak-budget mode.*'cpsat'"):
+        opt_remat.backend("greedy", peak_budget="1MiB")
 
 
 def test_misspelled_solver_option_fails_when_made():
