@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from solvers.budget import format_bytes
+from solvers.budget import column_unit, format_bytes
 
 from .cli_text import BUDGET_HELP, DESCRIPTION, RUN_EPILOG, para as _para
 
@@ -77,13 +77,17 @@ def _demo(args: argparse.Namespace) -> int:
         measured = measured_saved_bytes(rec.fw_module, rec.num_fwd_outputs)
         rows.append({
             "solver": solver, "status": rec.plan.status.value,
-            "saved (predicted)": format_bytes(rec.plan.saved_bytes), "saved (measured)": format_bytes(measured),
+            "saved (predicted)": rec.plan.saved_bytes, "saved (measured)": measured,
             "recompute us": f"{rec.plan.recompute_cost * 1e6:.2f}",
             "solve s": f"{rec.plan.solve_time_s:.3f}",
             "grads vs save-all": "bitwise" if check.bitwise else f"rel err {check.max_rel_error:.1e}",
         })
     print()
-    print(table(rows, list(rows[0])))
+    byte_columns = ("saved (predicted)", "saved (measured)")
+    unit = column_unit(r.get(c) for r in rows for c in byte_columns)  # one unit for both columns
+    for r in rows:
+        r.update({c: format_bytes(r[c], unit) for c in byte_columns if c in r})
+    print(table(rows, list(max(rows, key=len))))
     return 0
 
 
