@@ -29,7 +29,7 @@ from opt_remat.torch_reference import torch_plan
 from solvers.budget import format_bytes
 from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError
-from solvers.peak_candidates import mincut_under_peak
+from solvers.peak import mincut_under_peak
 from solvers.registry import solve
 
 

@@ -34,6 +34,8 @@ from torch.fx.experimental.symbolic_shapes import (
     is_symbol_binding_fx_node,
 )
 
+from solvers.liveness import just_in_time
+
 from .rng_replay import fuse_rng_replay_graph
 
 _SUPPORTED_OPS = ("placeholder", "call_function", "get_attr", "output")
@@ -152,29 +154,10 @@ class _Joint:
                     first = p
         if first is None:
             return kept  # no node reads a tangent: torch leaves the graph as it is
-        placed = set(inputs)
-        order: list[fx.Node] = []
-
-        def place(roots: list[fx.Node]) -> None:
-            found = set()
-            stack = list(roots)
-            while stack:
-                n = stack.pop()
-                if n in found or n in placed:
-                    continue
-                found.add(n)
-                stack.extend(self.inputs_of(n))
-            placed.update(found)
-            order.extend(sorted(found, key=pos.__getitem__))
-
         copy_ = torch.ops.aten.copy_.default
-        for node in kept[:first]:
-            if node.op == "call_function" and node.target is copy_:
-                place([node])
-        for node in kept[first:]:
-            place([node])
-        place(kept_outputs)
-        return order
+        groups = [[node] for node in kept[:first] if node.op == "call_function" and node.target is copy_]
+        groups += [[node] for node in kept[first:]] + [kept_outputs]
+        return just_in_time(groups, self.inputs_of, set(inputs), pos.__getitem__)
 
 
 def _build(joint: _Joint, inputs: Sequence[fx.Node], body: Sequence[fx.Node], outputs: Sequence[Any],

@@ -3,7 +3,7 @@
 ``run_highs`` takes a program written as sparse rows (``Program``) and returns what HiGHS proved
 (``HighsAnswer``). Two writers feed it: ``solvers.mip_milp`` (the saved-bytes program of
 ``solvers.mip_model``) and ``program_from_cpsat`` (any CP-SAT model made of boolean clauses and
-linear constraints: the peak relaxation of ``solvers.peak_bound`` is written once, as a CP-SAT
+linear constraints: the peak relaxation of ``solvers.peak.rows`` is written once, as a CP-SAT
 model, and a MIP solver's LP bound suits its linear rows). highspy directly: the matrix goes in as
 one CSR block and ``setSolution`` gives the warm start (PuLP's HiGHS interface adds rows one by one
 and has no warm start).

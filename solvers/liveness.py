@@ -17,9 +17,11 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from .problem import Problem, Role
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,47 +46,187 @@ class MemoryCurve:
         return max((b for ph, _, b in self.steps if ph == "backward"), default=0)
 
 
-def backward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
-    """The backward's execution order: each backward value preceded by what it needs, just in time."""
-    saved_set = set(saved)
-    by_name = problem.by_name
-    done: set[str] = set(saved_set)
-    done.update(n.name for n in problem.nodes if n.role is Role.INPUT)
-    order: list[str] = []
-    index = problem.index
-    for node in problem.nodes:
-        if node.role is not Role.BACKWARD:
-            continue
-        # the not-yet-available ancestors of this node, through values that are not available
-        pending: set[str] = set()
-        stack = [i for i in node.inputs if i not in done]
+def just_in_time(groups: Iterable[Iterable[T]], inputs_of: Callable[[T], Iterable[T]], done: set[T],
+                 position: Callable[[T], int]) -> list[T]:
+    """The backward's order, recomputation just in time: each group in turn (a backward value, or
+    the values a graph returns), preceded by what it needs that is not ``done`` yet, in
+    ``position`` order. ``done`` grows with what is placed. The simulation and the lowering
+    (``opt_remat.extract``, autograd's order of the backward graph) both order by this."""
+    order: list[T] = []
+    for roots in groups:
+        found: set[T] = set()
+        stack = list(roots)
         while stack:
-            name = stack.pop()
-            if name in pending or name in done:
+            v = stack.pop()
+            if v in found or v in done:
                 continue
-            pending.add(name)
-            stack.extend(i for i in by_name[name].inputs if i not in done)
-        for name in sorted(pending, key=index.__getitem__):
-            order.append(name)
-            done.add(name)
-        order.append(node.name)
-        done.add(node.name)
+            found.add(v)
+            stack.extend(inputs_of(v))
+        done.update(found)
+        order.extend(sorted(found, key=position))
     return order
 
 
-def forward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
-    """The forward's order: forward values, and the saved ``either`` values with what they need."""
-    saved_set = set(saved)
-    by_name = problem.by_name
-    needed = {n.name for n in problem.nodes if n.role is Role.FORWARD}
-    stack = [v for v in saved_set if by_name[v].role is Role.EITHER]
-    while stack:
-        v = stack.pop()
-        if v in needed:
-            continue
-        needed.add(v)
-        stack.extend(u for u in by_name[v].inputs if by_name[u].role is Role.EITHER)
-    return [n.name for n in problem.nodes if n.name in needed]
+class Simulator:
+    """The step's live bytes under plans of one problem, on integer ids with the problem's
+    structure prepared once: the searches simulate thousands of saved sets of one problem
+    (``simulator(problem)`` keeps one per problem)."""
+
+    def __init__(self, problem: Problem) -> None:
+        nodes = problem.nodes
+        self.names = [n.name for n in nodes]
+        ids = {name: i for i, name in enumerate(self.names)}
+        storages: dict[str, int] = {}
+        self.sid = [storages.setdefault(n.storage_id, len(storages)) for n in nodes]
+        self.storage_names = list(storages)
+        self.counted = [problem.counts_memory(g) for g in storages]
+        self.size = [problem.storage_size[g] for g in storages]
+        self.inputs = [tuple(ids[i] for i in n.inputs) for n in nodes]
+        self.is_view = [n.storage_id != n.name for n in nodes]
+        self.role = [n.role for n in nodes]
+        self.alloc_by = [ids.get(n.allocated_by, -1) if n.allocated_by is not None else -1 for n in nodes]
+        self.forward_nodes = [i for i, n in enumerate(nodes) if n.role is Role.FORWARD]
+        self.input_nodes = [i for i, n in enumerate(nodes) if n.role is Role.INPUT]
+        self.backward_nodes = [i for i, n in enumerate(nodes) if n.role is Role.BACKWARD]
+        self.outputs = {self.sid[ids[o]] for o in problem.forward_outputs}
+        self.grads = [ids[o] for o in problem.backward_outputs]
+        self.ids = ids
+        # buffers by name, as simulate_plan's on_step sees them: a storage, or bw:VALUE for a
+        # buffer made in the backward (ids from len(storages) on)
+        self.buffer_names = self.storage_names + [f"bw:{name}" for name in self.names]
+
+    def backward_order(self, saved_ids: set[int]) -> list[int]:
+        inputs = self.inputs
+        return just_in_time(([b] for b in self.backward_nodes), inputs.__getitem__,
+                            saved_ids | set(self.input_nodes), int)
+
+    def _forward_order(self, saved_ids: set[int]) -> list[int]:
+        inputs, role = self.inputs, self.role
+        needed = set(self.forward_nodes)
+        stack = [v for v in saved_ids if role[v] is Role.EITHER]
+        while stack:
+            v = stack.pop()
+            if v in needed:
+                continue
+            needed.add(v)
+            stack.extend(u for u in inputs[v] if role[u] is Role.EITHER)
+        return sorted(needed)
+
+    def _run(self, order: list[int], buffer: dict[int, int] | None, live: dict[int, int],
+             keep: set[int], top: list, steps: list | None, phase: str,
+             on_step: Callable[[Mapping[str, int]], None] | None = None) -> None:
+        """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
+        what is live]) and each step in ``steps``."""
+        sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
+        buf = sid.__getitem__ if buffer is None else buffer.__getitem__
+        has = (lambda v: True) if buffer is None else buffer.__contains__
+        last_use: dict[int, int] = {}
+        for i, v in enumerate(order):
+            if has(v):
+                last_use[buf(v)] = i
+            for u in inputs[v]:
+                if has(u):
+                    last_use[buf(u)] = i
+        frees: dict[int, list[int]] = {}
+        for b, i in last_use.items():
+            if b not in keep:
+                frees.setdefault(i, []).append(b)
+        in_order = set(order)
+        # the outputs of a multi-output op exist from its call on, not from their extraction
+        allocates: dict[int, list[int]] = {}
+        for v in order:
+            p = alloc_by[v]
+            key = p if p >= 0 and has(p) and p in in_order else v
+            allocates.setdefault(key, []).append(v)
+        total = sum(live.values())
+        for i, v in enumerate(order):
+            for w in allocates.get(v, ()):
+                b = buf(w)
+                g = sid[w]
+                if b not in live and counted[g]:
+                    live[b] = size[g]
+                    total += size[g]
+            if steps is not None:
+                steps.append((phase, v, total))
+            if on_step is not None:
+                names = self.buffer_names
+                on_step(dict(zip(map(names.__getitem__, live), live.values())))
+            if total > top[0]:
+                top[:] = [total, phase, v, i, live.copy()]
+            for dead in frees.get(i, ()):
+                total -= live.pop(dead, 0)
+
+    def _simulate(self, saved: Iterable[str], steps: list | None,
+                  on_step: Callable[[Mapping[str, int]], None] | None = None) -> tuple[list, set[int]]:
+        """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers)."""
+        sid, inputs = self.sid, self.inputs
+        saved_ids = {self.ids[v] for v in saved}
+        forward = self._forward_order(saved_ids)
+        backward = self.backward_order(saved_ids)
+        # backward buffers: a storage's id (saved values, inputs) or n_storages + value id (fresh)
+        fresh = len(self.size)
+        bw: dict[int, int] = {v: sid[v] for v in saved_ids}
+        for v in self.input_nodes:
+            bw[v] = sid[v]
+        for v in backward:
+            g = sid[v]
+            if not self.counted[g]:
+                bw[v] = g
+                continue
+            base = next((i for i in inputs[v] if sid[i] == g and i in bw), None)
+            bw[v] = bw[base] if base is not None and self.is_view[v] else fresh + v
+        top: list = [-1, "", -1, -1, {}]
+        live: dict[int, int] = {}
+        saved_storages = {sid[v] for v in saved_ids}
+        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step)
+        # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
+        read = set()
+        for n in backward:
+            for v in (n, *inputs[n]):
+                if v in bw:
+                    read.add(bw[v])
+        for b in [b for b in live if b not in saved_storages or b not in read]:
+            live.pop(b)
+        grads = {bw[o] for o in self.grads if o in bw}
+        self._run(backward, bw, live, grads, top, steps, "backward", on_step)
+        return top, grads
+
+    def _name(self, b: int) -> str:
+        fresh = len(self.size)
+        return self.storage_names[b] if b < fresh else self.names[b - fresh]
+
+    def peak(self, saved: Iterable[str]) -> tuple[int, frozenset[str]]:
+        """The step's peak and the buffers live at it (a storage by its id, a buffer made in the
+        backward by its value), without the curve: what the searches need."""
+        top, _ = self._simulate(saved, None)
+        if top[0] < 0:
+            return 0, frozenset()
+        return top[0], frozenset(self._name(b) for b in top[4])
+
+    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None) -> MemoryCurve:
+        steps: list[tuple[str, int, int]] = []
+        top, grads = self._simulate(saved, steps, on_step)
+        live = top[4]
+        if not steps:
+            return MemoryCurve((), 0, "", "")
+        names = self.names
+        at_peak = sum(n for b, n in live.items() if b in grads)
+        return MemoryCurve(tuple((ph, names[v], n) for ph, v, n in steps), top[0], top[1],
+                           names[top[2]], frozenset(self._name(b) for b in live), at_peak)
+
+
+def simulator(problem: Problem) -> Simulator:
+    """The problem's simulator, prepared on first use and kept with the problem."""
+    sim = problem.__dict__.get("_simulator")
+    if sim is None:  # (as functools.cached_property keeps its values on a frozen dataclass)
+        sim = problem.__dict__["_simulator"] = Simulator(problem)
+    return sim
+
+
+def backward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:
+    """The backward's execution order: each backward value preceded by what it needs, just in time."""
+    sim = simulator(problem)
+    return [sim.names[v] for v in sim.backward_order({sim.ids[v] for v in saved})]
 
 
 def simulate_plan(problem: Problem, saved: Iterable[str],
@@ -97,79 +239,7 @@ def simulate_plan(problem: Problem, saved: Iterable[str],
     recomputed value gets a fresh buffer (even if a saved view still holds the forward's copy of its
     storage), and a view computed there aliases the buffer of the input it views.
     """
-    saved_set = set(saved)
-    by_name = problem.by_name
-    size = problem.storage_size
-    forward = forward_schedule(problem, saved_set)
-    backward = backward_schedule(problem, saved_set)
-    steps: list[tuple[str, str, int]] = []
-    top: list = [-1, frozenset()]  # the highest live bytes so far and what was live then
-
-    # buffer of every value as the backward sees it
-    bw_buffer: dict[str, str] = {}
-    for name in saved_set:
-        bw_buffer[name] = by_name[name].storage_id
-    for n in problem.nodes:
-        if n.role is Role.INPUT:
-            bw_buffer[n.name] = n.storage_id
-    for name in backward:
-        node = by_name[name]
-        g = node.storage_id
-        if not problem.counts_memory(g):
-            bw_buffer[name] = g
-            continue
-        base = next((i for i in node.inputs if by_name[i].storage_id == g and i in bw_buffer), None)
-        bw_buffer[name] = bw_buffer[base] if base is not None and g != name else f"bw:{name}"
-
-    def run(phase: str, order: list[str], buffer: dict[str, str], live: dict[str, int],
-            keep: set[str]) -> None:
-        last_use: dict[str, int] = {}
-        for i, name in enumerate(order):
-            for value in (name, *by_name[name].inputs):
-                if value in buffer:
-                    last_use[buffer[value]] = i
-        frees: dict[int, list[str]] = {}
-        for b, i in last_use.items():
-            if b not in keep:
-                frees.setdefault(i, []).append(b)
-        # the outputs of a multi-output op exist from its call on, not from their extraction
-        allocates: dict[str, list[str]] = {}
-        for name in order:
-            producer = by_name[name].allocated_by
-            allocates.setdefault(producer if producer in buffer and producer in order else name, []).append(name)
-        total = sum(live.values())
-        for i, name in enumerate(order):
-            for value in allocates.get(name, ()):
-                b = buffer[value]
-                g = by_name[value].storage_id
-                if b not in live and problem.counts_memory(g):
-                    live[b] = size[g]
-                    total += size[g]
-            steps.append((phase, name, total))
-            if on_step is not None:
-                on_step(live)
-            if total > top[0]:
-                top[0], top[1] = total, frozenset(b[3:] if b.startswith("bw:") else b for b in live)
-            for dead in frees.get(i, ()):
-                total -= live.pop(dead, 0)
-
-    fw_buffer = {n.name: n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
-    live: dict[str, int] = {}
-    saved_buffers = {by_name[v].storage_id for v in saved_set}
-    outputs = {by_name[o].storage_id for o in problem.forward_outputs}
-    run("forward", forward, fw_buffer, live, saved_buffers | outputs)
-    # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
-    read = {bw_buffer[v] for n in backward for v in (n, *by_name[n].inputs) if v in bw_buffer}
-    for b in [b for b in live if b not in saved_buffers or b not in read]:
-        live.pop(b)
-    grads = {bw_buffer[o] for o in problem.backward_outputs if o in bw_buffer}
-    run("backward", backward, bw_buffer, live, grads)
-    if not steps:
-        return MemoryCurve((), 0, "", "")
-    peak_phase, peak_at, peak = max(steps, key=lambda s: s[2])
-    grad_names = {b[3:] if b.startswith("bw:") else b for b in grads}
-    at_peak = sum(size[by_name[b].storage_id] for b in top[1] if b in grad_names and b in by_name)
-    return MemoryCurve(tuple(steps), peak, peak_phase, peak_at, top[1], at_peak)
+    return simulator(problem).curve(saved, on_step)
 
 
 def without_gradients(problem: Problem) -> Problem:

@@ -1,5 +1,5 @@
 """The CP-SAT side of the saved-bytes program (``solvers.mip``): objective scaling, the model, the
-driver, and the scaled lexicographic solve. ``solvers.peak_bound`` extends the same model with
+driver, and the scaled lexicographic solve. ``solvers.peak.relaxation`` extends the same model with
 its peak rows.
 
 Objective scaling and the memory tie-break (among equal-cost plans, the one saving fewer bytes):

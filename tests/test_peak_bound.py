@@ -1,4 +1,4 @@
-"""The peak relaxation (solvers.peak_bound) is a relaxation: its live bytes never exceed the exact
+"""The peak relaxation (solvers.peak.rows) is a relaxation: its live bytes never exceed the exact
 simulation's, and its optimum never exceeds the true least cost (brute force) at a peak budget."""
 
 import itertools
@@ -10,7 +10,8 @@ from solvers import Problem, recompute_closure
 from solvers.liveness import simulate_plan
 from solvers.mip_model import build_model, presolve
 from solvers.peak import PeakInfeasibleError, solve_peak
-from solvers.peak_bound import peak_rows, relaxed_live, solve_relaxation
+from solvers.peak.rows import peak_rows, relaxed_live
+from solvers.peak.relaxation import solve_relaxation
 from solvers.problem import Node, PlanError, Role, Status, plan_from_saved
 from solvers.random_problems import random_problem
 
@@ -145,7 +146,7 @@ def _pinned_true_plans(p, model, count):
     from solvers.mip_model import hint_from_plan, normalize_saved
     for plan in itertools.islice(_valid_plans(p), count):
         normal = plan_from_saved(p, normalize_saved(model, plan.saved), solver="x", status=Status.FEASIBLE)
-        # presolve's normal form is no more live anywhere (see peak_bound's docstring)
+        # presolve's normal form is no more live anywhere (see solvers.peak.rows' docstring)
         assert simulate_plan(p, normal.saved).peak <= simulate_plan(p, plan.saved).peak
         yield normal, simulate_plan(p, normal.saved).peak, hint_from_plan(model, normal)
 
@@ -177,7 +178,7 @@ def test_peak_presolve_keeps_a_least_cost_plan_at_every_peak():
 
 
 def test_every_true_plan_fits_the_relaxation_at_its_own_peak():
-    # the relaxation (with recompute chains) must admit each valid plan at the plan's simulated
+    # the relaxation must admit each valid plan at the plan's simulated
     # peak: otherwise its bound could exceed a real plan's cost
     checked = 0
     for seed in range(30):
@@ -207,8 +208,8 @@ def test_highs_and_cpsat_prove_the_same_relaxation_bound():
         for frac in (0.9, 0.7):
             budget = int(top * frac)
             fits = [plan.recompute_cost for plan, peak in plans if peak <= budget]
-            by_cpsat = solve_relaxation(p, model, rows, budget, time_limit_s=5, chains=False)
-            by_highs = solve_relaxation(p, model, rows, budget, time_limit_s=5, chains=False,
+            by_cpsat = solve_relaxation(p, model, rows, budget, time_limit_s=5, engine="cpsat")
+            by_highs = solve_relaxation(p, model, rows, budget, time_limit_s=5,
                                         engine="highs")
             if by_cpsat.status == "infeasible":
                 assert by_highs.status == "infeasible" or by_highs.bound is not None
@@ -221,7 +222,7 @@ def test_highs_and_cpsat_prove_the_same_relaxation_bound():
             compared += 1
             agree += by_highs.bound >= by_cpsat.bound * (1 - 1e-3) - 1e-15
             # without HiGHS's probing (the cut rounds once one is solved): the same program
-            unprobed = solve_relaxation(p, model, rows, budget, time_limit_s=5, chains=False,
+            unprobed = solve_relaxation(p, model, rows, budget, time_limit_s=5,
                                         engine="highs", probing=False)
             assert unprobed.status == by_highs.status, (seed, budget)
             assert abs(unprobed.bound - by_highs.bound) <= 1e-3 * by_highs.bound + 1e-15, (seed, budget)
@@ -231,11 +232,11 @@ def test_highs_and_cpsat_prove_the_same_relaxation_bound():
 
 @pytest.mark.parametrize("full_window", [True, False])
 def test_every_true_plan_fits_the_cut_rows_at_its_own_peak(monkeypatch, full_window):
-    # solvers.peak_cuts' rows at every backward step must admit each valid plan at its simulated
+    # solvers.peak.cuts' rows at every backward step must admit each valid plan at its simulated
     # peak (with N at its true values), or the bound they raise would not be a bound; both with
     # a variable for every value (small graphs) and with the windows big graphs get (noted plans
     # and the nearest reads)
-    from solvers import peak_cuts
+    from solvers.peak import cuts as peak_cuts
     if not full_window:
         monkeypatch.setattr(peak_cuts, "FULL_WINDOW", 0)
         monkeypatch.setattr(peak_cuts, "CHAIN_WINDOW", 2)
@@ -251,7 +252,7 @@ def test_every_true_plan_fits_the_cut_rows_at_its_own_peak(monkeypatch, full_win
             for tau in steps:
                 ctx.note(tau, set(other.saved), set(other.recomputed))
         for plan, peak, fixed in _pinned_true_plans(p, model, 25):
-            relaxed = solve_relaxation(p, model, rows, peak, time_limit_s=5, chains=False,
+            relaxed = solve_relaxation(p, model, rows, peak, time_limit_s=5,
                                        fixed=fixed, cuts=(ctx, steps))
             assert relaxed.status in ("optimal", "feasible"), (seed, sorted(plan.saved), relaxed.status)
             checked += 1
@@ -261,7 +262,7 @@ def test_every_true_plan_fits_the_cut_rows_at_its_own_peak(monkeypatch, full_win
 def test_cut_rows_cut_off_more_plans_that_do_not_fit():
     # the converse, measured: pinned at a budget one byte below their simulated peak, plans are
     # refused by the rows at every step more often than by the plain relaxation
-    from solvers.peak_cuts import CutContext
+    from solvers.peak.cuts import CutContext
     refused = refused_plain = total = 0
     for seed in range(40):
         p = _problem(seed, multi_output_prob=0.0)  # as measured (with them: 174 vs 153 of 260)
@@ -275,9 +276,9 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
             for tau in steps:
                 ctx.note(tau, set(plan.saved), set(plan.recomputed))
             total += 1
-            refused += solve_relaxation(p, model, rows, peak - 1, time_limit_s=5, chains=False,
+            refused += solve_relaxation(p, model, rows, peak - 1, time_limit_s=5,
                                         fixed=fixed, cuts=(ctx, steps)).status == "infeasible"
-            refused_plain += solve_relaxation(p, model, rows, peak - 1, time_limit_s=5, chains=False,
+            refused_plain += solve_relaxation(p, model, rows, peak - 1, time_limit_s=5,
                                               fixed=fixed).status == "infeasible"
     assert total > 100
     # measured: 157 vs 112 of 235 (141 before the rows counted a value made by the step for a
@@ -288,7 +289,7 @@ def test_cut_rows_cut_off_more_plans_that_do_not_fit():
 def _overshooting_plans():
     """Random problems' save-nothing plans with a budget a third of the way up their backward
     curve, where at least 3 steps overshoot: (problem, curve, live per step, budget, steps over)."""
-    from solvers.peak_cuts import simulated_by_step
+    from solvers.peak.cuts import simulated_by_step
     for seed in range(30):
         p = _problem(seed)
         curve = simulate_plan(p, ())
@@ -306,7 +307,7 @@ def _worst(steps, by_step):
 def test_violated_steps_skip_the_steps_cut_already():
     # the cut rounds go on past the steps they cut: with those skipped, the other steps over the
     # budget come back, each over it; first the worst one next to a cut step, then the worst one
-    from solvers.peak_cuts import NEAR_CUT, violated_steps
+    from solvers.peak.cuts import NEAR_CUT, violated_steps
     checked = 0
     for p, curve, by_step, budget, over in _overshooting_plans():
         first = violated_steps(p, curve, budget, count=1, apart=0)
@@ -325,7 +326,7 @@ def test_violated_steps_skip_the_steps_cut_already():
 def test_violated_steps_start_where_the_relaxation_counts_most():
     # given the relaxation's live bytes per step, the first step cut is the overshooting one
     # where the relaxation is tightest (ties within 1% of the budget: the more overshooting)
-    from solvers.peak_cuts import violated_steps
+    from solvers.peak.cuts import violated_steps
     checked = 0
     for p, curve, by_step, budget, over in _overshooting_plans():
         # a made-up relaxation: tightest at the least overshooting step

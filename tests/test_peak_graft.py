@@ -1,12 +1,12 @@
-"""Grafted plans (solvers.peak_graft): every graft returned fits and is simulated exactly, and on
+"""Grafted plans (solvers.peak.graft): every graft returned fits and is simulated exactly, and on
 layered graphs grafting a cheap plan that overshoots onto a fitting one finds cheaper plans."""
 
 import random
 
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
-from solvers.peak_candidates import _checkpoint_plans
-from solvers.peak_graft import graft_plans
+from solvers.peak.candidates import _checkpoint_plans
+from solvers.peak.graft import graft_plans
 from solvers.problem import check_plan
 from solvers.random_problems import random_problem, repeated_problem
 

@@ -1,10 +1,10 @@
-"""Plans mixed layer by layer (solvers.peak_layers): the repeated layers are found position by
+"""Plans mixed layer by layer (solvers.peak.layers): the repeated layers are found position by
 position, every plan returned is valid and fits by the exact simulation, and mixing the layers of
 a cheap plan that overshoots with checkpointing's finds cheaper plans that fit."""
 
 from solvers.baselines import save_all, uniform_checkpoints
 from solvers.liveness import simulate_plan
-from solvers.peak_layers import find_layers, layer_plans
+from solvers.peak.layers import find_layers, layer_plans
 from solvers.problem import check_plan
 from solvers.random_problems import random_problem, repeated_problem
 

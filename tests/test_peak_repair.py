@@ -1,4 +1,4 @@
-"""Repairs of plans that nearly fit (solvers.peak_repair): what they return fits, is a valid plan
+"""Repairs of plans that nearly fit (solvers.peak.repair): what they return fits, is a valid plan
 simulated exactly, costs less than asked, and never less than the cheapest plan that fits
 (enumerated on small graphs)."""
 
@@ -7,7 +7,7 @@ import math
 
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
-from solvers.peak_repair import repair_overshoot
+from solvers.peak.repair import repair_overshoot
 from solvers.problem import Status, check_plan, plan_from_saved, recompute_closure
 from solvers.random_problems import random_problem, repeated_problem
 

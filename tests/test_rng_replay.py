@@ -15,7 +15,7 @@ from opt_remat.verify import compare_steps, measured_saved_bytes, save_all_backe
 from solvers import Plan, Status, check_plan
 from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError
-from solvers.peak_candidates import mincut_under_peak
+from solvers.peak import mincut_under_peak
 
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py

@@ -5,10 +5,7 @@ live, late in it every gradient is. So a plan that fits the peak budget (checkpo
 room to spare in some layers, and a cheaper plan that overshoots (the relaxation's) fits in some
 layers too. ``graft_plans`` takes the cheap plan's saved values at or after a point of the graph
 order and the fitting plan's before it (or the other way round), and bisects on the point for the
-graft that uses most of the cheap plan and still fits, judged by the exact simulation. Measured on
-the LLaMA-7B shape (batch 8 x 2048): at 0.3x the min-cut peak, checkpointing (290.9 ms) grafted
-with the relaxation's plan (222.5 ms, 42% over) fits at 254.6 ms in 1 s; the local search had
-reached 281.8 ms in 20 s.
+graft that uses most of the cheap plan and still fits, judged by the exact simulation.
 """
 
 from __future__ import annotations
@@ -16,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from .liveness import simulate_plan
-from .problem import Plan, PlanError, Problem, Status, plan_from_saved
+from ..liveness import simulate_plan
+from ..problem import Plan, PlanError, Problem, Status, plan_from_saved
 
 
 def _graft(problem: Problem, fitting: frozenset[str], cheap: frozenset[str], cut: int,

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-import time
 from typing import Any
 
-from .mip_model import Model
-from .problem import Problem, Role
+from ..mip_model import Model
+from ..problem import Problem, Role
 
 _NEVER = 1 << 62  # "no direct read": a position after every backward value
 
@@ -335,85 +334,3 @@ def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, pe
         z = m.new_int_var(0, room, "")
         m.add(z == cp_model.LinearExpr.weighted_sum(terms, coefs) if terms else z == 0)
         nxt = z
-
-
-@dataclass
-class Relaxed:
-    """The relaxation's answer at one budget."""
-
-    status: str  # "optimal" | "feasible" | "infeasible" | "unknown"
-    bound: float | None  # proven: no plan whose step peaks <= the budget costs less (seconds)
-    saved: list[str] | None  # the relaxation's best plan (it may peak above the budget)
-
-
-def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget: int,
-                     budget: int | None = None, *, time_limit_s: float, threads: int = 2,
-                     seed: int = 0, hint_saved: set[str] | None = None, chains: bool = True,
-                     fixed: list[int] | None = None, engine: str = "cpsat",
-                     cuts: tuple[Any, list[int]] | None = None, rel_gap: float = 1e-4,
-                     probing: bool = True) -> Relaxed:
-    """Least cost under the relaxation (and the saved-bytes ``budget``) by CP-SAT, or by HiGHS
-    (``engine="highs"``: the same model, proven optimal far sooner on big graphs; needs
-    ``chains=False``; no hint). ``chains``: add ``solvers.peak_schedule``'s first-need times (tighter, slower).
-    ``fixed``: the program's variables pinned to these values (tests: a true plan must fit its own
-    simulated peak). ``cuts``: ``(solvers.peak_cuts.CutContext, steps)``, rows at those backward
-    steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
-    from .peak_cuts import add_cut_rows
-    from .peak_schedule import add_schedule
-
-    if engine == "highs" and chains:  # HiGHS takes clauses and linear rows, not the cumulative
-        raise ValueError("solve_relaxation: chains=True needs engine='cpsat'")
-
-    def extend(m, x) -> None:
-        add_peak_rows(m, x, problem, model, rows, peak_budget)
-        if chains:
-            add_schedule(m, x, problem, model, rows, peak_budget)
-        if cuts is not None and cuts[1]:
-            add_cut_rows(m, x, cuts[0], peak_budget, cuts[1])
-        if fixed is not None:
-            for xi, value in zip(x, fixed):
-                m.add(xi == value)
-
-    if engine == "highs":
-        return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
-                                       probing=probing)
-
-    from .mip_cpsat import CostScale, solve_cpsat
-    from .mip_model import hint_from_plan, normalize_saved
-    from .problem import PlanError, Status, plan_from_saved
-
-    hint = None
-    if hint_saved is not None:
-        try:
-            hint = hint_from_plan(model, plan_from_saved(problem, normalize_saved(model, hint_saved),
-                                                         solver="hint", status=Status.HEURISTIC))
-        except PlanError:
-            hint = None
-    solved = solve_cpsat(model, CostScale.of(model), budget, hint, time_limit_s=max(time_limit_s, 0.05),
-                          threads=threads, seed=seed,
-                          # cumulative models: no callbacks, CP-SAT's presolve on (CP-SAT 9.15
-                          # crashes on either otherwise)
-                          extend=extend, tie_break=not chains, presolve=chains)
-    status = solved.result.status
-    return Relaxed(status, 0.0 if solved.bound is None and status != "infeasible" else solved.bound,
-                   solved.plan_saved)
-
-
-def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
-                            time_limit_s: float, rel_gap: float, probing: bool) -> Relaxed:
-    from .highs import solve_with_highs
-    from .mip_cpsat import cpsat_program, saved_set
-
-    began = time.perf_counter()  # building the program counts against the limit too
-    m, _ = cpsat_program(model, {}, budget, extend)
-    # costs in units of their total, so HiGHS's tolerances are relative to the plan costs
-    total = sum(model.cost.values())
-    scale = 1e3 / total if total > 0 else 1.0
-    got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
-                           time_limit_s=max(time_limit_s - (time.perf_counter() - began), 0.05),
-                           rel_gap=rel_gap, probing=probing)
-    if got.status == "infeasible":
-        return Relaxed("infeasible", None, None)
-    bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0
-    saved = saved_set(model, got.values) if got.values is not None else None
-    return Relaxed(got.status, bound, saved)

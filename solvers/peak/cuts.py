@@ -1,12 +1,11 @@
 """Cuts for the linear peak relaxation at chosen backward steps: what recompute chains keep live.
 
-``solvers.peak_bound`` knows a recomputed value only from its first direct read, and a saved
+``solvers.peak.rows`` knows a recomputed value only from its first direct read, and a saved
 value only until the earliest step any plan could need its consumers (``E``, which on a
 residual network is the start of the backward for nearly every value). Its plans exploit both:
 they save a layer's matmul outputs, recompute the cheap ops after them, and count the saved
-buffers as freed at once (7B shape at 0.8x the min-cut peak: 7.7 GiB of such buffers live at the
-true peak), or leave runs of layers unsaved whose recomputation keeps every layer of the run
-live. At a step ``tau`` these rows count both, exactly for a plan, linearly:
+buffers as freed at once, or leave runs of layers unsaved whose recomputation keeps every layer
+of the run live. At a step ``tau`` these rows count both, exactly for a plan, linearly:
 
 * ``N(w)`` (one per value near ``tau``): w is recomputed and made at or before ``tau``. Made
   when its first direct read is at or before ``tau`` or a recomputed consumer is made:
@@ -18,7 +17,7 @@ live. At a step ``tau`` these rows count both, exactly for a plan, linearly:
 * a saved value v whose recomputed consumer w is not made yet is live at ``tau`` (w is made
   later, from v): ``s_v + r_w - N(w) - 1``;
 * the row: ``C_tau + sum_g size_g * U_g <= P``, ``U_g`` at least each of its members' terms and
-  of ``peak_bound``'s conditions active at ``tau``.
+  of ``rows``' conditions active at ``tau``.
 
 A true plan satisfies every row with N at its true values, so the program stays a relaxation
 (``tests/test_peak_bound.py`` pins true plans of random problems at their own simulated peak).
@@ -32,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .mip_model import Model
-from .peak_bound import PeakRows, condition_literals, elementary_spans, storage_segments
-from .problem import Problem, Role
+from ..mip_model import Model
+from .rows import PeakRows, condition_literals, elementary_spans, storage_segments
+from ..problem import Problem, Role
 
 # values read soonest after a cut step given an N variable whatever the plans (recompute chains)
 CHAIN_WINDOW = 400
@@ -90,7 +89,7 @@ class CutContext:
         values made by ``tau`` and live after it (recompute chains), and from each saved value's
         recomputed consumer not made by ``tau`` the recomputed values it feeds up to where
         the plan saves (what tells the program it is not made yet)."""
-        from .liveness import backward_schedule
+        from ..liveness import backward_schedule
 
         problem, first, earliest = self.problem, self.first, self.rows.earliest
         r_var, users = self.model.r_var, problem.users
@@ -123,7 +122,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
 
     problem, model, rows = ctx.problem, ctx.model, ctx.rows
     size, users, by_name = problem.storage_size, problem.users, problem.by_name
-    unit = max(1, peak_budget >> 24)  # peak_bound's rounding down: a relaxation
+    unit = max(1, peak_budget >> 24)  # rows' rounding down: a relaxation
     cap = peak_budget // unit
     r_var, s_var = model.r_var, model.s_var
 
@@ -163,8 +162,8 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
             if ctx.first.get(w, -1) > tau:
                 live.setdefault(g, []).append([n_w])
             # made by tau, with a recomputed consumer made after it (from it): live at tau too,
-            # read directly or not (measured, 32-layer small LLaMA at 0.6x: a view made in the
-            # batch before a step and read by a recomputation after it, missed)
+            # read directly or not (a view made in the batch before a step and read by a
+            # recomputation after it)
             for later in users[w]:
                 if later in need:
                     live.setdefault(g, []).append([n_w, r(later), need[later].Not()])
@@ -179,7 +178,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
                 unmade = None  # no plan makes it by tau
             for v in holders:
                 if ctx.last.get(v, -1) >= tau:
-                    continue  # a direct read at or after tau: peak_bound counts it
+                    continue  # a direct read at or after tau: the rows count it
                 conj = [x[s_var[v]], r(w)] + ([unmade] if unmade is not None else [])
                 live.setdefault(by_name[v].storage_id, []).append(conj)
         for g, spans in ctx.segments.items():
@@ -226,19 +225,15 @@ def violated_steps(problem: Problem, curve: Any, peak_budget: int, count: int = 
     """Up to ``count`` backward positions not in ``skip`` (steps cut already) where the plan's
     simulation exceeds the budget, at least ``apart`` positions from each other: those it exceeds
     most; given ``relaxed`` (the relaxation's live bytes per position for the plan,
-    ``peak_bound.relaxed_live``), in turn the one where the relaxation counts most and the one the
+    ``rows.relaxed_live``), in turn the one where the relaxation counts most and the one the
     plan exceeds most. Where the relaxation has room left, a row may only move the overshoot to
-    another step at no cost; where it is nearly tight, the row's new terms must be paid for.
-    Measured: 7B shape at 0.3x the min-cut peak, a row at the tightest overshooting step raises
-    the bound 221.9 -> 228.1 ms in 9 s, rows at the most overshooting steps (8 in 4 rounds) to
-    226.2 ms in 47 s; 32-layer small LLaMA at 0.6x, the reverse (rows at the tightest steps left
-    the bound where it was)."""
+    another step at no cost; where it is nearly tight, the row's new terms must be paid for
+    (which pays on some graphs, the most overshooting steps on others)."""
     by_step = simulated_by_step(problem, curve)
     over = [k for k, live in enumerate(by_step) if live > peak_budget and k not in skip]
     rankings = [sorted(over, key=lambda k: (by_step[k], k), reverse=True)]
     # first the steps next to a step cut already: its row misses what the recomputations just
-    # before it keep live (measured, 32-layer small LLaMA at 0.6x: rows at steps 37 and 38 raise
-    # the bound to 2.911, at 38 alone to 2.882, at 38 and the next most overshooting to 2.880)
+    # before it keep live
     beside = [k for k in rankings[0] if any(abs(k - j) <= NEAR_CUT for j in skip)]
     if beside:
         rankings.insert(0, beside)

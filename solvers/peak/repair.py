@@ -2,21 +2,19 @@
 budget, judged by the exact simulation.
 
 The relaxation's plans (``solvers.peak``) often overshoot the simulated peak by a few KB while
-costing less than every plan that fits. The local search (``solvers.peak_search``) would repair
-them, but it simulates every move near the peak (on the 32-layer small LLaMA ~1,250 of them at
-~25 ms each: 10 s per step). Here only moves that remove a value live at the peak moment (a saved
-one recomputed instead, or a recomputation no longer needed) are simulated, cheapest first, and
-the first that fits is the cheapest that does among them. Measured, 32-layer small LLaMA at 0.6x
-the min-cut peak: a lowered re-solve's plan at 2.930 us, 3.8 KB over, became 2.920 us and fit at
-the 4th simulation (0.1 s, after 0.5 s of closures); the solve's best plan had been 2.948 us.
+costing less than every plan that fits. The local search (``solvers.peak.search``) would repair
+them, but it simulates every move near the peak (on big graphs more than a thousand, seconds
+per step). Here only moves that remove a value live at the peak moment (a saved one recomputed
+instead, or a recomputation no longer needed) are simulated, cheapest first, and the first that
+fits is the cheapest that does among them.
 """
 
 from __future__ import annotations
 
 import math
 
-from .peak_search import SearchState, _Judge, _moves, _near_peak
-from .problem import Problem
+from .search import SearchState, Judge, moves, near_peak
+from ..problem import Problem
 
 # simulations per step, and steps (each from the move that removed most overshoot per added cost)
 REPAIR_TRIES = 24
@@ -37,7 +35,7 @@ def repair_overshoot(problem: Problem, saved: frozenset[str], peak_budget: int, 
                      *, cost_below: float, deadline: float) -> SearchState | None:
     """A plan that fits, costs less than ``cost_below`` and is a few moves from ``saved``; None
     when none is found among ``REPAIR_TRIES`` simulations per step, or past ``deadline``."""
-    judge = _Judge(problem, peak_budget, budget, deadline, REPAIR_STEPS * REPAIR_TRIES + 1)
+    judge = Judge(problem, peak_budget, budget, deadline, REPAIR_STEPS * REPAIR_TRIES + 1)
     closed = judge.close(saved)
     if closed is None:
         return None
@@ -48,7 +46,7 @@ def repair_overshoot(problem: Problem, saved: frozenset[str], peak_budget: int, 
         if over == 0:
             return st if st.cost < ceiling else None
         options = []
-        for moved in _moves(problem, st, only=_near_peak(problem, st)):
+        for moved in moves(problem, st, only=near_peak(problem, st)):
             if judge.out_of_time():
                 return None
             got = judge.close(moved)

@@ -31,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from .liveness import MemoryCurve, simulate_plan
-from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
+from ..liveness import MemoryCurve, simulate_plan
+from ..problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
 
 # at most this many options (distinct layers) are measured, the most frequent first
 MAX_OPTIONS = 60
@@ -55,7 +55,7 @@ class Layers:
 
 def find_layers(problem: Problem) -> Layers | None:
     """The graph's repeated layers (at least ``MIN_LAYERS``), or None."""
-    from .symmetry import layer_segments
+    from ..symmetry import layer_segments
 
     found = layer_segments(problem, MIN_LAYERS)
     if found is None:
@@ -149,8 +149,7 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
                          if any(u in following for u in problem.users[layers.slots[probe][i]]))
 
     def options_of(saved: frozenset[str]) -> list[frozenset[int]]:
-        # with all that checkpointing keeps, and with the layer's output alone (measured, 7B
-        # shape: 243.2 -> 238.6 ms at 0.3x, 185.5 -> 182.1 ms at 0.45x)
+        # with all that checkpointing keeps, and with the layer's output alone
         return [decided | kept for layer in range(n_layers)
                 for decided in [chain.option_of(saved, layer)] for kept in (keep, boundary)]
 
@@ -168,21 +167,16 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     in_groups = dict.fromkeys(o for mine in group_options for o in mine)
     common = list(dict.fromkeys([*in_groups, *(p for p, _ in counts.most_common(MAX_OPTIONS))]))
     common = [p for p in common if p != keep][:max(MAX_OPTIONS, len(in_groups))]
-    # the measurements stop in time for the dynamic program's plans (measured, 7B shape at 0.45x
-    # on a slower machine: 80 measurements took 10.6 s of the mix's 11 s, its plans 0.49 s more)
+    # the measurements stop in time for the dynamic program's plans
     began = time.perf_counter()
     span = max(0.0, deadline - began)
     options = [_Option(keep, 0.0, 0, 0)] + measure.all(common, began + PROBE_SHARE * span)
-    # the last layer's options measured there (measured, 7B shape: the option that saves most
-    # changes the middle layer's own peak by +596 MiB and holds 2.7 GiB, the last layer's by 0
-    # and 1.6 GiB)
+    # the last layer's options measured there: their effect differs from the middle layer's
     at_last = _Measure(problem, layers, chain, n_layers - 1, ref)
     last_base = chain.base[n_layers - 1]
     last = [_Option(last_base, 0.0, 0, 0)] + at_last.all(
         [p for p in [keep] + common if p != last_base], began + MEASURE_SHARE * span)
     out: list[tuple[Plan, int]] = []
-    # (tried: then one position more or less in the options the best chain used; at the 7B
-    # shape 0.1% cheaper at 0.45x in 17 s more, 9% costlier at 0.3x: the model misleads)
     _bisect(chain, measure, _pareto(options), _pareto(last), peak_budget, budget, deadline, out)
     for mine in map(set, group_options):
         mine |= {keep, last_base}

@@ -1,0 +1,13 @@
+"""The peak planner: least recompute under a budget on the step's peak live memory.
+
+``solve_peak`` (``solve.py``) runs the phases of ``schedule.py`` on one ``PeakState``
+(``state.py``); each phase is a strategy module ``strategy_*.py`` with ``run(state, seconds)``,
+built on the algorithms beside it: the relaxation (``rows.py``, ``cuts.py``, ``relaxation.py``),
+the cheap candidates (``candidates.py``), repairs, grafts, the layer mix and the local search
+(``repair.py``, ``graft.py``, ``layers.py``, ``search.py``). Time shares live in ``settings.py``.
+"""
+
+from .candidates import PeakInfeasibleError, mincut_under_peak
+from .solve import solve_peak
+
+__all__ = ["PeakInfeasibleError", "mincut_under_peak", "solve_peak"]

@@ -1,0 +1,91 @@
+"""Least recompute under a budget on the step's *peak* live memory (and optionally saved bytes).
+
+The step is the one ``solvers.liveness`` simulates (forward in graph order; backward in graph order
+with recomputation just in time; values freed after their last use). ``solve_peak`` keeps one
+``PeakState`` (``solvers.peak.state``) and runs the phases of ``solvers.peak.schedule`` on it:
+
+* a proven lower bound on the recompute cost of every plan that fits, from the linear relaxation
+  of ``solvers.peak.rows`` solved by HiGHS (which also proves budgets infeasible), raised by
+  cutting planes where its plan overshoots the simulation (``solvers.peak.cuts``);
+* plans that fit, judged by the exact simulation: cheap candidates (``solvers.peak.candidates``:
+  min-cut, checkpointing, callers' plans); the relaxation's plans, re-solved at lowered budgets
+  and repaired where they nearly fit (``solvers.peak.repair``); on graphs of repeated layers, a
+  dynamic program over the layers taking each from a different plan (``solvers.peak.layers``);
+  grafts of the cheaper plans that overshoot onto the best one that fits (``solvers.peak.graft``);
+  the local search of ``solvers.peak.search`` from all, until it stalls (on big graphs only while
+  no plan fits);
+* it stops once the gap (cost - bound) / cost is at most ``gap``; Ctrl-C stops it with its best plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable
+
+from .. import interrupt, progress
+from ..liveness import peak_lower_bound, without_gradients
+from ..problem import Plan, Problem, Status
+from .candidates import PeakInfeasibleError, _candidate_plans, _frontier
+from .schedule import run_schedule
+from .settings import DEFAULT_GAP
+from .state import Clock, PeakState
+
+
+def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
+               time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
+               hint_saved: set[str] | None = None, gap: float = DEFAULT_GAP,
+               candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
+    """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
+    proven lower bound on the cost of every such plan (``plan.bound``; the gap in
+    ``extra["gap"]``; the strategy that found it in ``extra["found_by"]``).
+
+    The plans it starts from: min-cut across its trade-off, checkpointing every k-th block or
+    residual value, ``hint_saved`` and ``candidates`` (such as torch's or the default plan). The
+    solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with the
+    graph (``settings.FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``;
+    while no plan fits, all of it until the search stalls. Raises PeakInfeasibleError naming the
+    smallest peak found (and whether no plan can fit, proven by the relaxation).
+    ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
+    ``solvers.progress`` listeners hear of each phase, best cost and bound.
+    """
+    if peak_budget < 0:
+        raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
+    if not count_gradients:
+        plan = solve_peak(without_gradients(problem), peak_budget, budget, time_limit_s=time_limit_s,
+                          threads=threads, seed=seed, hint_saved=hint_saved, gap=gap, candidates=candidates)
+        return replace(plan, extra={**plan.extra, "count_gradients": False})
+    # Ctrl-C between or inside the phases (the local search is Python) stops the solve with its
+    # best plan so far, as inside a native solve (solvers.interrupt)
+    with interrupt.stop_on_sigint(lambda: None):
+        clock = Clock(time_limit_s, len(problem.candidates))
+        starts = ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates]
+        frontier = _frontier(problem) + _candidate_plans(problem, starts)
+        state = PeakState(problem, peak_budget, budget, clock=clock, threads=threads, seed=seed, gap=gap,
+                          frontier=frontier)
+        run_schedule(state)
+        return _result(state)
+
+
+def _result(state: PeakState) -> Plan:
+    best = state.best
+    if best is None:
+        raise PeakInfeasibleError(state.peak_budget, state.smallest_peak(), False,
+                                  peak_lower_bound(state.problem))
+    cost = best.recompute_cost
+    lower = min(state.bound, cost)
+    progress.report(cost, lower, "done")
+    relaxed = state.relaxed
+    optimal = relaxed is not None and relaxed.status == "optimal"
+    closed = cost - lower <= 1e-12 * max(cost, 1e-30) or optimal and cost <= lower
+    rel_gap = 0.0 if cost <= 0 else (cost - lower) / cost
+    extra = {"peak": state.best_peak, "peak_budget": state.peak_budget, "gap": rel_gap,
+             "relaxation_status": relaxed.status if relaxed is not None else None,
+             "relaxation_bound": relaxed.bound if relaxed is not None else None,
+             "found_by": best.solver, "local_search": best.solver == "local-search",
+             "floor": peak_lower_bound(state.problem)}
+    return replace(best, solver="cpsat-peak", budget=state.budget, solve_time_s=state.clock.elapsed(),
+                   status=Status.OPTIMAL if closed else Status.FEASIBLE,
+                   objective=cost, bound=lower, extra=extra,
+                   message=f"simulated peak {state.best_peak} bytes (peak budget {state.peak_budget}); "
+                           f"plan by {best.solver}; recompute cost within {rel_gap:.2%} of the "
+                           "proven bound")

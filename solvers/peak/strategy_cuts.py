@@ -1,0 +1,120 @@
+"""Cutting planes for the bound: where the relaxation's plan overshoots the simulation, rows that
+count what recompute chains keep live there (``solvers.peak.cuts``: valid for every plan, so each
+re-solve's bound is a bound), until its plan fits, the steps repeat or the time is spent. The
+rounds' plans are offered, grafted onto the best plan, and re-solved below the budget when they
+nearly fit. Each turn goes on from the last round's plan."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..liveness import MemoryCurve, peak_lower_bound
+from ..problem import Plan
+from . import strategy_graft
+from .candidates import PeakInfeasibleError
+from .cuts import violated_steps
+from .rows import relaxed_live
+from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,
+                       PROBING_MAX_VALUES, ROUND_GRAFT_SHARE)
+from .state import PeakState
+
+
+@dataclass
+class _Rounds:
+    """What the rounds keep between turns."""
+
+    last: tuple[Plan, MemoryCurve] | None = None  # the last round's plan: the next round's start
+    round_s: float = 0.0  # how long the last round's solve took
+    probing: bool = True  # HiGHS's presolve probing, until a round's program is solved
+    stalled: bool = False  # the rounds stopped raising the bound while no plan fits
+
+
+def run(state: PeakState, seconds: float) -> None:
+    """A turn of rounds that leaves the time a round would not finish in to the next phases."""
+    _rounds(state, seconds, last=False)
+
+
+def run_to_end(state: PeakState, seconds: float) -> None:
+    """The last turn: rounds while any time is left."""
+    _rounds(state, seconds, last=True)
+
+
+def _rounds(state: PeakState, seconds: float, last: bool) -> None:
+    memory = state.memory.get("cuts")
+    if memory is None:
+        memory = state.memory["cuts"] = _Rounds(probing=len(state.problem.candidates) <= PROBING_MAX_VALUES)
+    if state.best is None and memory.stalled:
+        return  # an earlier turn stopped for want of progress, from the same last plan
+    current = memory.last or state.relaxed_curve
+    until = time.perf_counter() + seconds
+    stalled = 0  # rounds in a row that did not raise the bound
+    while current is not None and not state.done() and time.perf_counter() < until - 0.5 and state.left() > 0:
+        if not last and until - time.perf_counter() < 2 * memory.round_s:
+            break  # each round has more rows than the last: one cut short would return nothing
+        plan, curve = current
+        if curve.peak <= state.peak_budget:
+            break
+        raised = _round(state, memory, plan, curve, until)
+        if raised is None:
+            break
+        stalled = 0 if raised else stalled + 1
+        current = memory.last
+        if current is not None:
+            _after_round(state, memory, current, until)
+        if state.best is None and stalled >= CUT_STALL_ROUNDS:
+            # no plan fits, so the rounds can only prove that none can, and they have stopped
+            # raising the bound: each further round would take longer
+            memory.stalled = True
+            break
+
+
+def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, until: float) -> bool | None:
+    """Cut where the plan overshoots and re-solve: whether the bound rose by ``CUT_STALL_GAIN``
+    (None: nothing left to cut, or no plan from the re-solve)."""
+    problem, peak_budget = state.problem, state.peak_budget
+    # the first round also where the relaxation counts most; a plan can still overshoot at a step
+    # cut already (inside a batch of recomputations, which the row does not see): the next steps
+    counted = None if state.cut_steps else relaxed_live(problem, state.rows, set(plan.saved), set(plan.recomputed))
+    new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(state.cut_steps),
+                         relaxed=counted)
+    if not new:
+        return None
+    for k in new:
+        state.cuts.note(k, set(plan.saved), set(plan.recomputed))
+    state.cut_steps.extend(new)
+    began = time.perf_counter()
+    again = state.relax(peak_budget, min(until - began, state.left()), probing=memory.probing)
+    memory.round_s = time.perf_counter() - began
+    memory.probing = memory.probing and again.status != "optimal"
+    if again.status == "infeasible":  # the cuts hold for every plan that fits
+        if state.best is not None:
+            raise RuntimeError("opt-remat internal error: the peak relaxation's cuts refuse a plan that fits")
+        raise PeakInfeasibleError(peak_budget, state.smallest_peak(), False, peak_lower_bound(problem),
+                                  infeasible_proven=True)
+    before = state.bound
+    raised = again.bound is not None and again.bound > before * (1 + CUT_STALL_GAIN)
+    if state.raise_bound(again.bound) and again.status == "optimal":
+        state.relaxed = again
+    if again.saved is None:
+        return None
+    state.last_curve = None
+    state.offer(again.saved, "relaxation with cuts")
+    memory.last = state.last_curve
+    return raised
+
+
+def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryCurve], until: float) -> None:
+    """The round's plan grafted onto the best, and, where it nearly fits, re-solved with its cuts
+    at the budget lowered by its overshoot (unless the bound is what is missing)."""
+    over = current[1].peak - state.peak_budget
+    if over > 0:
+        strategy_graft.run(state, min(state.share(ROUND_GRAFT_SHARE), max(0.0, until - time.perf_counter())),
+                           first=current[0])
+    if 0 < over <= NEAR_FIT * state.peak_budget and time.perf_counter() < until - 0.5 \
+            and not state.done(NEAR_DONE_GAPS):
+        lowered = state.relax(state.peak_budget - over, min(until - time.perf_counter(), state.left()),
+                              probing=memory.probing)
+        if lowered.saved is not None:
+            state.offer(lowered.saved, "relaxation with cuts, lowered budget")
+
