@@ -89,9 +89,9 @@ def main() -> None:
             ratio = default.recompute_cost / exact.recompute_cost if exact.recompute_cost else 1.0
             rows.append({
                 "model": name, "fraction": fraction, "values": len(problem.nodes),
-                f"mincut {unit_name}": f"{cut.recompute_cost * unit:.3f}",
-                f"default {unit_name}": f"{default.recompute_cost * unit:.3f}",
-                f"optimum {unit_name}": f"{exact.recompute_cost * unit:.3f}",
+                "mincut": f"{cut.recompute_cost * unit:.3f} {unit_name}",
+                "default": f"{default.recompute_cost * unit:.3f} {unit_name}",
+                "optimum": f"{exact.recompute_cost * unit:.3f} {unit_name}",
                 "proven by": f"{prover if prover == 'cpsat' else 'highs'} ({exact.status.value})",
                 "default / optimum": f"{ratio:.4f}",
                 "default from": default.solver, "default s": f"{default_s:.2f}",
