@@ -200,7 +200,7 @@ def test_simulator_matches_the_reference_simulation():
 
 
 def test_local_search_against_brute_force():
-    from solvers.peak.candidates import _frontier
+    from solvers.peak.candidates import frontier_plans
     from solvers.peak.search import improve_saved_sets
     for seed in range(60):
         p = _problem(seed)
@@ -211,7 +211,7 @@ def test_local_search_against_brute_force():
         table = _peak_table(p)
         for peak_budget in (top, int(top * 0.85), int(top * 0.7)):
             exact = _brute_peak(table, peak_budget)
-            starts = [plan.saved for plan, _ in _frontier(p)] + _random_saved_sets(p, rng, 3)
+            starts = [plan.saved for plan, _ in frontier_plans(p)] + _random_saved_sets(p, rng, 3)
             fitting = [p.recompute_cost(recompute_closure(p, s)[0]) for s in starts
                        if not recompute_closure(p, s)[1] and simulate_plan(p, s).peak <= peak_budget]
             found = improve_saved_sets(p, starts, peak_budget, time_limit_s=5)
@@ -280,13 +280,13 @@ def test_infeasible_peak_names_the_floor():
 
 def test_checkpoint_starts_on_repeated_blocks():
     from solvers.liveness import narrow_cut_values
-    from solvers.peak.candidates import _checkpoint_plans
+    from solvers.peak.candidates import checkpoint_plans
     from solvers.random_problems import repeated_problem
     for seed in range(6):
         p = repeated_problem(seed, layers=6, per_layer=5)
         values = narrow_cut_values(p)
         assert {v.split("_")[0] for v in values} >= {f"l{k}" for k in range(5)}  # every block boundary
-        for plan, peak in _checkpoint_plans(p):
+        for plan, peak in checkpoint_plans(p):
             assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak == peak
 
 
@@ -296,7 +296,7 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     from opt_remat.build import problem_from_joint
     from opt_remat.capture import capture
     from solvers.liveness import peak_lower_bound
-    from solvers.peak.candidates import _frontier
+    from solvers.peak.candidates import frontier_plans
 
     _, problem = problem_from_joint(capture(lambda: llama(layers=4, d_model=64, heads=4, seq=32),
                                             (torch.zeros(2, 32, dtype=torch.long),), meta=True))
@@ -305,7 +305,7 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
         solve_peak(problem, floor - 1, time_limit_s=5)
     found = info.value.min_peak
     assert floor <= found <= 1.25 * floor
-    assert found <= min(peak for _, peak in _frontier(problem))
+    assert found <= min(peak for _, peak in frontier_plans(problem))
     # the checkpointing baselines find the blocks from the module paths (weights and rotary tables
     # enter every block, so no value dominates): they save some, and peak far below saving nothing
     from solvers.baselines import block_boundaries
@@ -320,7 +320,7 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
 def test_local_search_stops_when_it_stalls():
     # stall_s=0: nothing can beat the best start in no time, so the search returns that start;
     # with time to search it beats the best start on some of the same problems
-    from solvers.peak.candidates import _frontier
+    from solvers.peak.candidates import frontier_plans
     from solvers.peak.search import StallClock, improve_saved_sets
     beaten = 0
     for seed in range(40):
@@ -329,7 +329,7 @@ def test_local_search_stops_when_it_stalls():
         if top is None:
             continue
         peak_budget = int(top * 0.8)
-        starts = [plan.saved for plan, _ in _frontier(p)]
+        starts = [plan.saved for plan, _ in frontier_plans(p)]
         fitting = [p.recompute_cost(recompute_closure(p, s)[0]) for s in starts
                    if not recompute_closure(p, s)[1] and simulate_plan(p, s).peak <= peak_budget]
         if not fitting:

@@ -5,7 +5,7 @@ import random
 
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
-from solvers.peak.candidates import _checkpoint_plans
+from solvers.peak.candidates import checkpoint_plans
 from solvers.peak.graft import graft_plans
 from solvers.problem import check_plan
 from solvers.random_problems import random_problem, repeated_problem
@@ -18,7 +18,7 @@ def test_grafts_fit_and_are_valid_plans():
                            either_prob=0.2, n_backward=6)
         cheap = save_all(p)  # nothing recomputed: the cheapest plan, and the largest peak
         top = simulate_plan(p, cheap.saved).peak
-        for plan, peak in _checkpoint_plans(p):
+        for plan, peak in checkpoint_plans(p):
             if peak >= top:
                 continue
             for got, got_peak in graft_plans(p, plan.saved, [cheap.saved], top - 1):
@@ -34,7 +34,7 @@ def test_grafting_beats_both_plans_on_layered_graphs():
         p = repeated_problem(seed, layers=8, per_layer=5)
         cheap = save_all(p)
         cheap_peak = simulate_plan(p, cheap.saved).peak
-        for plan, peak in _checkpoint_plans(p):
+        for plan, peak in checkpoint_plans(p):
             if peak >= cheap_peak or plan.recompute_cost <= 0:
                 continue
             budget = (peak + cheap_peak) // 2  # between the two: the cheap plan does not fit

@@ -35,7 +35,7 @@ class PeakInfeasibleError(InfeasibleError):
             f"raise peak_budget to at least {min_peak}")
 
 
-def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
+def frontier_plans(problem: Problem) -> list[tuple[Plan, int]]:
     """Min-cut plans across the memory/recompute trade-off, and checkpointing plans, with their
     simulated peaks: cheap candidates (warm start, fallback, search starts, the smallest peak
     found) computed once per solve."""
@@ -51,7 +51,7 @@ def _frontier(problem: Problem) -> list[tuple[Plan, int]]:
     from ..baselines import uniform_checkpoints
     # what torch.utils.checkpoint every k-th block does
     out += [(plan, simulate_plan(problem, plan.saved).peak) for plan in uniform_checkpoints(problem, (1, 2, 4, 8))]
-    return out + _checkpoint_plans(problem)
+    return out + checkpoint_plans(problem)
 
 
 # checkpointing starts: every k-th value crossing a cut at most w times the narrowest, for these
@@ -79,7 +79,7 @@ def _checkpoint_seeds(problem: Problem) -> list[set[str]]:
     return out
 
 
-def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
+def checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     """Checkpointing plans: every k-th narrow-cut value saved (and what is free), the rest
     recomputed; low-peak starting points that min-cut plans do not reach."""
     by_name = problem.by_name
@@ -102,14 +102,14 @@ def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     return out
 
 
-def _cheapest_fitting(frontier: list[tuple[Plan, int]], peak_budget: int,
+def cheapest_fitting(frontier: list[tuple[Plan, int]], peak_budget: int,
                       budget: int | None) -> tuple[Plan, int] | None:
     fitting = [(p, peak) for p, peak in frontier
                if peak <= peak_budget and (budget is None or p.saved_bytes <= budget)]
     return min(fitting, key=lambda x: (x[0].recompute_cost, x[0].saved_bytes)) if fitting else None
 
 
-def _candidate_plans(problem: Problem, saved_sets: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
+def caller_plans(problem: Problem, saved_sets: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
     """Callers' plans (the default path's, torch's) with their simulated peaks; invalid ones skipped."""
     out = []
     for saved in saved_sets:
@@ -134,8 +134,8 @@ def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = N
     if not count_gradients:
         problem = without_gradients(problem)
     start = time.perf_counter()
-    frontier = _frontier(problem) + _candidate_plans(problem, candidates)
-    best = _cheapest_fitting(frontier, peak_budget, budget)
+    frontier = frontier_plans(problem) + caller_plans(problem, candidates)
+    best = cheapest_fitting(frontier, peak_budget, budget)
     if best is None:
         raise _infeasible(problem, peak_budget, frontier)
     plan, peak = best

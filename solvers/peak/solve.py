@@ -25,7 +25,7 @@ from typing import Iterable
 from .. import interrupt, progress
 from ..liveness import peak_lower_bound, without_gradients
 from ..problem import Plan, Problem, Status
-from .candidates import PeakInfeasibleError, _candidate_plans, _frontier
+from .candidates import PeakInfeasibleError, caller_plans, frontier_plans
 from .schedule import run_schedule
 from .settings import DEFAULT_GAP
 from .state import Clock, PeakState
@@ -59,7 +59,7 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     with interrupt.stop_on_sigint(lambda: None):
         clock = Clock(time_limit_s, len(problem.candidates))
         starts = ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates]
-        frontier = _frontier(problem) + _candidate_plans(problem, starts)
+        frontier = frontier_plans(problem) + caller_plans(problem, starts)
         state = PeakState(problem, peak_budget, budget, clock=clock, threads=threads, seed=seed, gap=gap,
                           frontier=frontier)
         run_schedule(state)
