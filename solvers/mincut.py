@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import format_bytes
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 from .registry import register
 
@@ -170,8 +171,8 @@ def mincut_under_budget(problem: Problem, budget: int, *, backend: str = "ortool
     best = solve_mincut(problem, lo, backend=backend, budget=budget)
     if best.saved_bytes > budget:
         raise InfeasibleError(
-            f"budget {budget} bytes is below the smallest saved bytes the min-cut reaches "
-            f"({best.saved_bytes} bytes)"
+            f"budget {format_bytes(budget)} is below the smallest saved bytes the min-cut reaches "
+            f"({format_bytes(best.saved_bytes)}, {best.saved_bytes} bytes)"
         )
     top = solve_mincut(problem, hi, backend=backend, budget=budget)
     if top.saved_bytes <= budget:

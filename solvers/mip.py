@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from . import interrupt
+from .budget import format_bytes
 from .mincut import InfeasibleError
 from .mip_cpsat import CostScale, EngineResult, Solved, run_cpsat, saved_set, solve_cpsat
 from .mip_milp import solve_milp
@@ -59,11 +60,11 @@ class BudgetInfeasibleError(InfeasibleError):
         if min_feasible_bytes is None:
             detail = "the smallest feasible saved bytes could not be determined in the time limit"
         elif proven:
-            detail = f"the smallest feasible saved bytes is {min_feasible_bytes}"
+            detail = f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
         else:
-            detail = (f"the smallest saved bytes found is {min_feasible_bytes} "
+            detail = (f"the smallest saved bytes found is {format_bytes(min_feasible_bytes)} "
                       "(not proven minimal within the time limit)")
-        super().__init__(f"budget {budget} bytes is infeasible: {detail}")
+        super().__init__(f"budget {format_bytes(budget)} is infeasible: {detail}")
 
 
 class MIPTimeLimitError(TimeoutError):
@@ -182,8 +183,8 @@ def _refute_infeasible(model: Model, warm: WarmStart, budget: int | None, solved
         raise BudgetInfeasibleError(budget, mb.best, proven=mb.best == mb.bound)
     if mb.best is None or mb.best > budget:
         raise MIPTimeLimitError(
-            f"{engine} reported the budget {budget} bytes infeasible, and no plan within "
-            f"it was found in {time_limit_s:g} s (least found: {mb.best} bytes)")
+            f"{engine} reported the budget {format_bytes(budget)} infeasible, and no plan within "
+            f"it was found in {time_limit_s:g} s (least found: {format_bytes(mb.best)})")
     assert mb.values is not None
     return (Solved(EngineResult("feasible", mb.values, None), None, saved_set(model, mb.values), False),
             f"{engine} reported the budget infeasible, but a least-memory solve found a plan within it")
@@ -210,7 +211,7 @@ def _outcome(problem: Problem, solved: Solved, warm: WarmStart, tied: _Tied | No
     else:
         raise MIPTimeLimitError(
             f"{engine} found no plan within {time_limit_s:g} s and no min-cut plan fits the "
-            f"budget {budget} bytes")
+            f"budget {format_bytes(budget)}")
     if tied is not None and solved is tied.solved and solved.plan_saved is not None:
         # optimal for the restricted problem only; the min-cut warm start may still be cheaper
         status = Status.FEASIBLE if res.status == "optimal" else Status.TIME_LIMIT

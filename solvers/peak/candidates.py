@@ -9,6 +9,7 @@ import time
 from typing import Iterable
 
 from ..blocks import find_blocks
+from ..budget import format_bytes
 from ..liveness import narrow_cut_values, peak_lower_bound, simulate_plan, without_gradients
 from ..mincut import InfeasibleError
 from ..problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
@@ -27,12 +28,13 @@ class PeakInfeasibleError(InfeasibleError):
         self.infeasible_proven = infeasible_proven
         proven = proven or (min_peak is not None and min_peak == floor)
         what = "the smallest peak" if proven else "the smallest peak found"
-        bound = f"; no plan can peak below {floor} bytes" if floor is not None and not proven else ""
+        bound = (f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)"
+                 if floor is not None and not proven else "")
         why = " (proven: no plan fits the relaxation)" if infeasible_proven else ""
         super().__init__(
-            f"peak budget {peak_budget} bytes is infeasible{why}: {what} of any plan is "
-            f"{min_peak} bytes{'' if proven else ' (not proven minimal in the time limit)'}{bound}; "
-            f"raise peak_budget to at least {min_peak}")
+            f"peak budget {format_bytes(peak_budget)} is infeasible{why}: {what} of any plan is "
+            f"{format_bytes(min_peak)}{'' if proven else ' (not proven minimal in the time limit)'}{bound}; "
+            f"raise peak_budget to at least {min_peak} bytes")
 
 
 def frontier_plans(problem: Problem) -> list[tuple[Plan, int]]:
@@ -142,5 +144,5 @@ def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = N
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
-                message=f"best {plan.solver} plan of the frontier under the peak budget: simulated peak {peak} bytes",
+                message=f"best {plan.solver} plan of the frontier under the peak budget: simulated peak {format_bytes(peak)}",
                 extra={"peak": peak, "peak_budget": peak_budget})

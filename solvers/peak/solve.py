@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from .. import interrupt, progress
+from ..budget import format_bytes
 from ..liveness import peak_lower_bound, without_gradients
 from ..problem import Plan, Problem, Status
 from .candidates import PeakInfeasibleError, caller_plans, frontier_plans
@@ -86,6 +87,6 @@ def _result(state: PeakState) -> Plan:
     return replace(best, solver="cpsat-peak", budget=state.budget, solve_time_s=state.clock.elapsed(),
                    status=Status.OPTIMAL if closed else Status.FEASIBLE,
                    objective=cost, bound=lower, extra=extra,
-                   message=f"simulated peak {state.best_peak} bytes (peak budget {state.peak_budget}); "
+                   message=f"simulated peak {format_bytes(state.best_peak)} (peak budget {format_bytes(state.peak_budget)}); "
                            f"plan by {best.solver}; recompute cost within {rel_gap:.2%} of the "
                            "proven bound")
