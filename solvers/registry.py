@@ -53,7 +53,14 @@ def solve(problem: Problem, solver: str, budget: int | None = None, **options: A
         raise ValueError("solver 'torch' runs torch's partitioner on the captured FX graph, not on a "
                          "Problem: use opt_remat.partitioner('torch') or a run configuration")
     _load()
-    return _SOLVERS[solver](problem, budget, **mode_options(typed, mode))
+    options = mode_options(typed, mode)
+    searching = "time_limit_s" in options  # a search that may run long: its start and end are reported
+    if searching:
+        report(None, None, phase=f"{solver}: started")
+    plan = _SOLVERS[solver](problem, budget, **options)
+    if searching:
+        report(plan.recompute_cost, plan.bound, phase=f"{solver}: done")
+    return plan
 
 
 def solve_peak(problem: Problem, solver: str, peak_budget: int, budget: int | None = None,

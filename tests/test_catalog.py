@@ -187,3 +187,18 @@ def test_solvers_command_lists_every_solver_and_option(capsys):
         assert f"\n{name}: " in "\n" + out
     assert "- gap=0.01: stop once the plan is within this relative gap of the bound; budgets: peak" in out
     assert "- lam=None:" in out and "budgets: none\n" in out
+
+
+def test_searches_report_their_start_and_end():
+    # the MILP engines (HiGHS, CBC) report nothing while they run: their start and end are reported
+    from solvers import progress
+
+    problem = random_problem(4, n_forward=12, n_backward=8, ban_prob=0.0)
+    budget = registry.solve(problem, "save-all").saved_bytes // 2
+    heard: list[Progress] = []
+    with progress.reporting(heard.append):
+        plan = registry.solve(problem, "milp", budget, backend="highs", time_limit_s=10)
+        registry.solve(problem, "greedy", budget)  # a baseline reports nothing
+    assert heard[0].phase == "milp: started" and heard[0].incumbent is None
+    assert heard[-1].phase == "milp: done" and heard[-1].incumbent == plan.recompute_cost
+    assert heard[-1].bound == plan.bound
