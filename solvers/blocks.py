@@ -6,7 +6,8 @@ Blocks are modules of one class at one depth of the module tree, each indexed in
 (``layers.0``, ``layers.1``, ... or ``encoder_layer_0``, ...), the indices under each parent
 consecutive, at least two in all: a ``ModuleList`` or ``Sequential`` of one block class, or such
 lists in several parents (a ResNet's stages). The outermost such set whose blocks run one after the
-other in the forward is the model's blocks (so a layer's experts or heads never are).
+other in the forward is the model's blocks (so a layer's experts or heads never are); sets of
+torch's own containers (``Sequential``: an EfficientNet's stages) only where no other class repeats.
 
 A block's boundary is what enters it: the forward values made outside the block that it reads and
 no other block reads -- a decoder layer's input hidden states. Values every layer reads (rotary
@@ -34,6 +35,7 @@ from .problem import Problem, Role
 # an indexed child: "3" (ModuleList, Sequential) or "encoder_layer_3" (a named Sequential);
 # "layer1" or "fc2" are names, not indices
 _INDEXED = re.compile(r"(.*[_-])?(\d+)")
+_TORCH_CONTAINERS = "torch.nn.modules.container."
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class Blocks:
 
 def _containers(classes: Mapping[str, str]) -> list[list[str]]:
     """Sets of indexed modules of one class at one depth (each parent's indices consecutive, two
-    or more in all), outermost first, then the largest; each set in index order."""
+    or more in all): sets of torch's containers last, then outermost first, then the largest;
+    each set in index order."""
     found: dict[tuple[int, str, str], dict[str, list[tuple[int, str]]]] = {}
     for path, cls in classes.items():
         parts = path.split(".")
@@ -74,8 +77,8 @@ def _containers(classes: Mapping[str, str]) -> list[list[str]]:
             if all(b[0] == a[0] + 1 for a, b in zip(children, children[1:])):
                 members += [path for _, path in children]
         if len(members) >= 2:
-            out.append((key[0], -len(members), members))
-    return [members for _, _, members in sorted(out)]
+            out.append((key[2].startswith(_TORCH_CONTAINERS), key[0], -len(members), members))
+    return [members for *_, members in sorted(out)]
 
 
 def _membership(problem: Problem, paths: list[str]) -> dict[str, int]:

@@ -134,6 +134,19 @@ def test_indexed_names_and_what_is_not_a_block() -> None:
     assert find_blocks(_model(1)) is None
 
 
+def _moved(p: Problem, moves: dict[str, str], **classes: str) -> Problem:
+    """``p`` with its modules moved (``moves``: old path -> new path, children going along) and
+    ``classes`` added to its module classes."""
+    def move(path: str) -> str:
+        for old, new in moves.items():
+            if path == old or path.startswith(old + "."):
+                return new + path[len(old):]
+        return path
+
+    return replace(p.with_nodes([replace(n, module=move(n.module)) for n in p.nodes]),
+                   module_classes={**{move(k): v for k, v in p.module_classes.items()}, **classes})
+
+
 def test_outermost_container_wins_and_parents_merge() -> None:
     # experts inside each layer are indexed too; the layers are the blocks
     blocks = find_blocks(_model(3, experts=2))
@@ -141,17 +154,16 @@ def test_outermost_container_wins_and_parents_merge() -> None:
     assert blocks.block_of["e1_1"] == 1
     # a ResNet's stages: blocks indexed under two parents, one class, one depth
     p = _model(4, block="stage.{}")
-    renamed = {f"stage.{b}": f"stages.s{b // 2 + 1}.{b % 2}" for b in range(4)}
-
-    def move(path: str) -> str:
-        for old, new in renamed.items():
-            if path == old or path.startswith(old + "."):
-                return new + path[len(old):]
-        return path
-
-    resnet = replace(p.with_nodes([replace(n, module=move(n.module)) for n in p.nodes]),
-                     module_classes={move(k): v for k, v in p.module_classes.items()})
+    resnet = _moved(p, {f"stage.{b}": f"stages.s{b // 2 + 1}.{b % 2}" for b in range(4)})
     assert find_blocks(resnet).paths == ("stages.s1.0", "stages.s1.1", "stages.s2.0", "stages.s2.1")
+    # stages indexed too, but torch's Sequential: the blocks inside them are the blocks
+    moves = {f"stage.{b}": f"stages.{b // 2}.{b % 2}" for b in range(4)}
+    seq = "torch.nn.modules.container.Sequential"
+    effnet = _moved(p, moves, **{"stages.0": seq, "stages.1": seq})
+    assert find_blocks(effnet).paths == ("stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1")
+    # with a class of its own the stage is the block: the outermost
+    own = _moved(p, moves, **{"stages.0": "pkg.Stage", "stages.1": "pkg.Stage"})
+    assert find_blocks(own).paths == ("stages.0", "stages.1")
 
 
 def test_interleaved_modules_are_not_a_chain() -> None:
