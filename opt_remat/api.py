@@ -23,6 +23,7 @@ from solvers import Plan, Problem, catalog
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.plans_io import read_plan_file
 
+from . import plan_memory
 from .build import build_problem, classify, prepare_joint
 from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
@@ -195,6 +196,8 @@ class Partitioner:
                 torch_runtime_optimized_saved(joint_module, info)))
             return self._torch_partition(joint_module, joint_inputs, info, problem, budget, requested,
                                          num_fwd_outputs, static_lifetime_input_indices, start)
+        # the joint graph is not changed after this: its canonical values can wait for a reader
+        canonical: Any = functools.partial(_canonical, joint_module, self.input_roles)
         if self._plan_data is not None:
             from .plans import match_plan
             budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
@@ -206,23 +209,28 @@ class Partitioner:
             steer = require_must_saves(problem, must_save_values(joint_module))
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
+            memory = None
+            if self._peak_bytes is not None and plan_memory.enabled():
+                # plans of earlier solves of this graph are reused (opt_remat.plan_memory): its ids now
+                canonical = _canonical(joint_module, self.input_roles)
+                memory = plan_memory.graph_key(*canonical)
             with _solve_lines(self.verbose, self.solver, requested, self._peak_bytes) as done:
-                plan = done(self._solve(steer, budget, requested))
+                plan = done(self._solve(steer, budget, requested, memory))
             plan = realized_plan(problem, plan)
         fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
-        # the joint graph is not changed after this: its canonical values can wait for a reader
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start,
-                                            functools.partial(_canonical, joint_module, self.input_roles)))
+                                            time.perf_counter() - start, canonical))
         return fw_module, bw_module
 
 
-    def _solve(self, steer: Problem, budget: int | None, requested: int | float | str | None) -> Plan:
+    def _solve(self, steer: Problem, budget: int | None, requested: int | float | str | None,
+               memory: plan_memory.GraphKey | None = None) -> Plan:
         opts = self.solver_options(requested)
         if self._peak_bytes is not None:
             return choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, opts,
-                                    default_lam=auto_lam(self.profile), count_gradients=self.count_gradients)
+                                    default_lam=auto_lam(self.profile), count_gradients=self.count_gradients,
+                                    memory=memory)
         if self.solver is None:
             split = default_solver_options(opts, mode_of(requested, None))
             return choose_default_plan(steer, budget, split["mincut"], split.get("milp"))

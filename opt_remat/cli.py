@@ -180,7 +180,9 @@ def _solve(args: argparse.Namespace) -> int:
     works = materialize_all(cfg)
     with Display(terminal_mode(sys.stdout)) as display:  # live on a terminal, a line per change piped
         display.start(len(budgets) * len(works))
-        for spec in budgets:  # one plan file per budget, each holding a plan per captured graph
+        # one plan file per budget, each holding a plan per captured graph; peak budgets last,
+        # tightest first, so that each plan is a candidate at the looser ones (opt_remat.plan_memory)
+        for spec in sorted(budgets, key=lambda b: (b.peak is not None, b.peak or 0)):
             path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
             plans = []
             for i, work in enumerate(works):

@@ -12,7 +12,9 @@ from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.mincut import lam_range, solve_mincut
 from solvers.mip import solve_mip
 from solvers.peak import PeakInfeasibleError
-from solvers.registry import solve, solve_peak
+from solvers.registry import label_peak_plan, solve, solve_peak
+
+from .plan_memory import GraphKey, as_solution, cheaper_remembered, recall, remember
 
 
 class BudgetError(ValueError):
@@ -62,33 +64,50 @@ class PeakBudgetError(ValueError):
         super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
-def choose_peak_plan(problem: Problem, solver: str, peak_budget: int, budget: int | None,
+def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, budget: int | None,
                      options: dict[str, Any] | None = None, *,
-                     default_lam: float | None = None, count_gradients: bool = True) -> Plan:
+                     default_lam: float | None = None, count_gradients: bool = True,
+                     memory: GraphKey | None = None) -> Plan:
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
-    ``default_lam``: the min-cut plan at that ``lam`` (the default path's plan) is a candidate."""
+    ``solver`` None or ``"mincut"``: the fast default (``solvers.fast_peak``); ``"cpsat"``: the
+    search with a proven gap. ``default_lam``: the min-cut plan at that ``lam`` (the default
+    path's plan) is a candidate. ``memory``: plans remembered from earlier solves of the graph
+    (``opt_remat.plan_memory``) are candidates, one that fits and costs less wins, and the plan
+    returned is remembered."""
     options = dict(options or {})
     interrupt.clear()
+    remembered = recall(memory)
     candidates = []
     if default_lam is not None:
         try:
             candidates.append(solve_mincut(problem, default_lam).saved)
         except InfeasibleError:
             pass
+    candidates += remembered
+    name = solver or "mincut"
+    plan: Plan | None = None
     try:  # the catalog says which solvers have a peak mode and which options they take there
-        plan = solve_peak(problem, solver, peak_budget, budget, options, candidates=candidates,
+        plan = solve_peak(problem, name, peak_budget, budget, options, candidates=candidates,
                           count_gradients=count_gradients)
     except PeakInfeasibleError as exc:
         _raise_if_interrupted(problem, None, budget)
-        err = PeakBudgetError(peak_budget, exc.min_peak, getattr(exc, "floor", None))
-        if solver == "mincut":  # the frontier alone: the exact search often goes lower
-            err.args = (err.args[0] + " (among min-cut and checkpointing plans only: solver 'cpsat' "
-                        "searches further)",)
+        failure = exc
+    else:
+        failure = None
+        _raise_if_interrupted(problem, plan, budget)
+    found = cheaper_remembered(problem, remembered, peak_budget, budget, plan, count_gradients=count_gradients)
+    if found is not None:
+        plan = label_peak_plan(as_solution(found, plan, peak_budget), name)
+    if plan is None:
+        assert failure is not None
+        err = PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None))
+        if name == "mincut":  # the fast default: the exact search often goes lower
+            err.args = (err.args[0] + " (by the fast default: solver 'cpsat' searches further)",)
         raise err from None
-    _raise_if_interrupted(problem, plan, budget)
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
         raise RuntimeError("opt-remat internal error: invalid peak plan: " + "; ".join(result.errors[:5]))
+    remember(memory, plan.saved)
     return plan
 
 

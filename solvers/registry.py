@@ -23,7 +23,7 @@ _SOLVERS: dict[str, SolverFn] = {}
 # modules that call ``register`` when imported; a module that fails to import is reported by name
 _SOLVER_MODULES = ("solvers.mincut", "solvers.baselines", "solvers.mip")
 # the peak-budget entries: fn(problem, peak_budget, budget, *, candidates, count_gradients, **options)
-_PEAK_ENTRIES = {"mincut": "solvers.peak:mincut_under_peak",
+_PEAK_ENTRIES = {"mincut": "solvers.fast_peak:fast_peak_plan",
                  "cpsat": "solvers.peak:solve_peak", "milp": "solvers.peak:solve_peak"}
 
 

@@ -21,3 +21,14 @@ def reset_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_memory(tmp_path_factory, monkeypatch):
+    """Plans remembered across solves (opt_remat.plan_memory) start empty in each test: on disk
+    (a fresh cache folder, inherited by the subprocesses a test starts) and in this process."""
+    from opt_remat import plan_memory
+    monkeypatch.setenv("OPT_REMAT_CACHE_DIR", str(tmp_path_factory.mktemp("opt-remat-cache")))
+    plan_memory.forget_all()
+    yield
+    plan_memory.forget_all()

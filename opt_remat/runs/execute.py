@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from solvers import Plan, Problem, catalog
 from solvers import progress as solver_progress
 
+from ..plan_memory import GraphKey, graph_key
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
 from .workload import Workload
@@ -74,9 +75,10 @@ def default_lam(work: Workload) -> float | None:
 
 def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any],
                peak_budget: int | None = None, *, count_gradients: bool = True,
-               default_lam: float | None = None) -> SolveResult:
+               default_lam: float | None = None, memory: GraphKey | None = None) -> SolveResult:
     """One (budget, solver) pair: a plan, or why there is none. Picklable in and out.
-    ``default_lam``: the default path's min-cut plan joins a peak solve's candidates."""
+    ``default_lam``: the default path's min-cut plan joins a peak solve's candidates; ``memory``:
+    the graph's key for plans remembered across solves (``opt_remat.plan_memory``)."""
     from ..solve import choose_peak_plan, choose_plan
 
     mode = catalog.PEAK if peak_budget is not None else catalog.FREE if budget_bytes is None else catalog.SAVED
@@ -90,7 +92,7 @@ def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options:
         if peak_budget is not None:
             result = _solve_recorded(lambda: choose_peak_plan(
                 problem, solver, peak_budget, budget_bytes, options, default_lam=default_lam,
-                count_gradients=count_gradients))
+                count_gradients=count_gradients, memory=memory))
         else:
             result = _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
     if left:
@@ -148,7 +150,15 @@ def _solve_here(work: Workload, pair: Pair, lam: float | None) -> SolveResult:
     if pair.solver.name == TORCH_SOLVER:
         return solve_torch_pair(work, pair.budget_bytes, pair.budget.peak)
     return solve_pair(work.problem, pair.solver.name, pair.budget_bytes, dict(pair.solver.options),
-                      pair.budget.peak, count_gradients=pair.budget.count_gradients, default_lam=lam)
+                      pair.budget.peak, count_gradients=pair.budget.count_gradients, default_lam=lam,
+                      memory=memory_key(work, pair))
+
+
+def memory_key(work: Workload, pair: Pair | None = None) -> GraphKey | None:
+    """The key plans of this graph are remembered by, for a peak-budget pair (else None)."""
+    if pair is not None and pair.budget.peak is None:
+        return None
+    return graph_key(work.values, work.graph_id)
 
 
 def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor: str = "process",
@@ -164,7 +174,8 @@ def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor:
     pool = _executor(executor, jobs) if pooled else None
     try:
         futures = {pool.submit(solve_pair, work.problem, p.solver.name, p.budget_bytes, dict(p.solver.options),
-                               p.budget.peak, count_gradients=p.budget.count_gradients, default_lam=lam): p
+                               p.budget.peak, count_gradients=p.budget.count_gradients, default_lam=lam,
+                               memory=memory_key(work, p)): p
                    for p in pooled} if pool is not None else {}
         for pair in pairs:
             if pair not in pooled:
@@ -240,7 +251,8 @@ def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
         result = solve_torch_pair(work, bytes_, peak)
     else:
         result = solve_pair(work.problem, solver, bytes_, dict(options or {}), peak_budget=peak,
-                            count_gradients=spec.count_gradients if spec is not None else True)
+                            count_gradients=spec.count_gradients if spec is not None else True,
+                            default_lam=default_lam(work), memory=memory_key(work) if peak else None)
     if result.plan is None:
         kind = SolveRefused if result.status in ("infeasible", "skipped") else RunError
         raise kind(result.error or result.status)

@@ -59,6 +59,9 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
             else:
                 pending.append(Pair(b, s, budget_bytes))
 
+    # peak budgets tightest first: each plan, remembered, is a candidate at the looser budgets
+    # (opt_remat.plan_memory), so a looser budget never gets a costlier plan
+    pending.sort(key=tightest_first)
     store.open()
     reused = len(records)
     if reused:
@@ -88,6 +91,11 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
     if "html" in cfg.formats:
         display.message(f"interactive report: {store.dir / 'report.html'} (opens in any browser, offline)")
     return RunSummary(store.dir, ordered, len(pending), reused, failed_verification(ordered))
+
+
+def tightest_first(pair: Pair) -> tuple[bool, int]:
+    """Peak-budget pairs by their peak budget, the others after them (a stable sort keeps their order)."""
+    return (pair.budget.peak is None, pair.budget.peak or 0)
 
 
 def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,

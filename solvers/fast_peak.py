@@ -1,0 +1,128 @@
+"""The default plan under a peak budget: seconds, from the model's structure, not proven optimal.
+
+Every plan is judged by the exact simulation of the step (``solvers.liveness``):
+
+* checkpointing every k-th block (``solvers.baselines.uniform_checkpoints``, k in ``EVERY`` and
+  sqrt(n)): what ``torch.utils.checkpoint`` users write by hand;
+* min-cut plans across the memory/recompute trade-off (``LAMS`` weights between the extremes of
+  ``solvers.mincut.lam_range``, and the caller's default ``lam``);
+* callers' plans (plans remembered from earlier solves of the graph, the default path's);
+* on graphs of repeated layers, the layer-mix dynamic program of ``solvers.peak.layers`` over
+  all of the above, based on checkpointing every layer: each layer takes its decisions from a
+  different plan.
+
+The cheapest plan that fits wins (ties: fewer saved bytes). Where none fits, or the graph has no
+repeated layers, the frontier of ``solvers.peak.candidates.mincut_under_peak`` (checkpoints at
+the forward's narrow cuts too) is tried before refusing. The work is bounded by counts, never by
+a clock, so the same problem and budget give the same plan. ``cpsat`` (``solvers.peak``) is the
+search with a proven gap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable
+
+from .baselines import uniform_checkpoints
+from .liveness import peak_lower_bound, simulate_plan, without_gradients
+from .mincut import InfeasibleError, lam_range, solve_mincut
+from .peak.candidates import PeakInfeasibleError, mincut_under_peak
+from .peak.layers import find_layers, layer_plans
+from .problem import Plan, PlanError, Problem, Status, plan_from_saved
+
+# checkpoint spacings tried (with sqrt(n)): the ones people write, and enough of them that the
+# cheapest checkpointing plan under any budget is among them
+EVERY = (1, 2, 3, 4, 6, 8, 16)
+# min-cut weights between lam_range's extremes (geometric), beside the caller's lam
+LAMS = 6
+
+
+def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
+                   candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
+                   lam: float | None = None) -> Plan:
+    """The cheapest plan found (see the module doc) whose simulated step peak is at most
+    ``peak_budget`` bytes and whose saved bytes are at most ``budget``. Raises
+    PeakInfeasibleError naming the smallest peak found when none fits.
+    ``count_gradients=False`` budgets the step without its gradients."""
+    start = time.perf_counter()
+    if not count_gradients:
+        problem = without_gradients(problem)
+    pool = _pool(problem, lam, candidates)
+    best = _cheapest(pool, peak_budget, budget)
+    layers = find_layers(problem)
+    every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
+    if layers is not None and every is not None:
+        # no deadline: the options measured are bounded by the pool's distinct layers
+        mixed = layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
+                            budget, deadline=math.inf)
+        best = _cheapest(([best] if best else []) + mixed, peak_budget, budget)
+    if best is None or layers is None:
+        try:
+            found = mincut_under_peak(problem, peak_budget, budget)
+        except PeakInfeasibleError as exc:
+            if best is None:
+                smallest = min([peak for _, peak in pool] + ([exc.min_peak] if exc.min_peak else []),
+                               default=None)
+                raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem)) from None
+        else:
+            best = _cheapest(([best] if best else []) + [(found, found.extra["peak"])], peak_budget, budget)
+    assert best is not None
+    plan, peak = best
+    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
+                recompute_cost=plan.recompute_cost, solver="default", status=Status.HEURISTIC,
+                solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
+                message=f"fast default under the peak budget: the cheapest fitting {_origin(plan)} plan, "
+                        f"simulated peak {peak} bytes",
+                extra={"peak": peak, "peak_budget": peak_budget, "found_by": _origin(plan)})
+
+
+def _origin(plan: Plan) -> str:
+    if plan.solver == "uniform":
+        return f"checkpoint every {plan.extra.get('every')}"
+    return {"layers": "layer mix", "mincut": "min-cut frontier", "checkpoint": "narrow-cut checkpoint",
+            "candidate": "offered"}.get(plan.solver, plan.solver)
+
+
+def _pool(problem: Problem, lam: float | None, candidates: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
+    """Checkpointing, min-cut and offered plans, each once, with their simulated peaks."""
+    bounds_n = None
+    plans: list[Plan] = []
+    checkpoints = uniform_checkpoints(problem, EVERY)
+    if checkpoints:
+        bounds_n = checkpoints[0].extra.get("n_boundaries")
+    if bounds_n:
+        root = max(1, math.ceil(math.sqrt(bounds_n)))
+        if root not in EVERY:
+            checkpoints += uniform_checkpoints(problem, (root,))
+    plans += checkpoints
+    lo, hi = lam_range(problem)
+    lams = [lo * (hi / max(lo, 1e-300)) ** (i / (LAMS - 1)) for i in range(LAMS)]
+    for weight in ([lam] if lam is not None else []) + lams:
+        try:
+            plans.append(solve_mincut(problem, weight))
+        except InfeasibleError:
+            continue
+    for saved in candidates:
+        try:
+            plans.append(plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC))
+        except PlanError:
+            continue  # a remembered plan from another setting (bans, must-saves) that does not apply
+    seen: set[frozenset[str]] = set()
+    out = []
+    for plan in plans:
+        if plan.saved not in seen:
+            seen.add(plan.saved)
+            out.append((plan, simulate_plan(problem, plan.saved).peak))
+    return out
+
+
+def _cheapest(plans: list[tuple[Plan, int]], peak_budget: int,
+              budget: int | None) -> tuple[Plan, int] | None:
+    """The fitting plan of least recompute cost, then fewest saved bytes, then first offered."""
+    fitting = [(i, p, peak) for i, (p, peak) in enumerate(plans)
+               if peak <= peak_budget and (budget is None or p.saved_bytes <= budget)]
+    if not fitting:
+        return None
+    _, plan, peak = min(fitting, key=lambda x: (x[1].recompute_cost, x[1].saved_bytes, x[0]))
+    return plan, peak
