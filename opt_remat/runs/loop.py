@@ -94,8 +94,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
 
 
 def tightest_first(pair: Pair) -> tuple[bool, int]:
-    """Peak-budget pairs by their peak budget, the others after them (a stable sort keeps their order)."""
-    return (pair.budget.peak is None, pair.budget.peak or 0)
+    """The pairs without a peak budget in their order, then the peak-budget pairs by their peak."""
+    return (pair.budget.peak is not None, pair.budget.peak or 0)
 
 
 def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
