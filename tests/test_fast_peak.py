@@ -65,8 +65,8 @@ def _costs(problem, solver, budgets, key):
     out = []
     for b in budgets:
         try:
-            out.append(choose_peak_plan(problem, solver, b, None, {"time_limit_s": 2, "threads": 1},
-                                        memory=key).recompute_cost)
+            options = {"time_limit_s": 2, "threads": 1} if solver == "cpsat" else {}
+            out.append(choose_peak_plan(problem, solver, b, None, options, memory=key).recompute_cost)
         except PeakBudgetError:
             out.append(None)
     return out
