@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from typing import Iterable
 
 from .baselines import uniform_checkpoints
@@ -86,6 +87,33 @@ def _origin(plan: Plan) -> str:
 
 def _pool(problem: Problem, lam: float | None, candidates: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
     """Checkpointing, min-cut and offered plans, each once, with their simulated peaks."""
+    out = list(_structural(problem, lam))
+    seen = {plan.saved for plan, _ in out}
+    for saved in candidates:
+        try:
+            plan = plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC)
+        except PlanError:
+            continue  # a remembered plan from another setting (bans, must-saves) that does not apply
+        if plan.saved not in seen:
+            seen.add(plan.saved)
+            out.append((plan, simulate_plan(problem, plan.saved).peak))
+    return out
+
+
+# the budget-free part of the pool, per problem object (a sweep of budgets computes it once)
+_STRUCTURAL: dict[tuple[int, float | None], list[tuple[Plan, int]]] = {}
+
+
+def _structural(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
+    key = (id(problem), lam)
+    if key not in _STRUCTURAL:
+        _STRUCTURAL[key] = _structural_plans(problem, lam)
+        weakref.finalize(problem, _STRUCTURAL.pop, key, None)
+    return _STRUCTURAL[key]
+
+
+def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
+    """Checkpointing and min-cut plans, each once, with their simulated peaks."""
     bounds_n = None
     plans: list[Plan] = []
     checkpoints = uniform_checkpoints(problem, EVERY)
@@ -103,11 +131,6 @@ def _pool(problem: Problem, lam: float | None, candidates: Iterable[Iterable[str
             plans.append(solve_mincut(problem, weight))
         except InfeasibleError:
             continue
-    for saved in candidates:
-        try:
-            plans.append(plan_from_saved(problem, saved, solver="candidate", status=Status.HEURISTIC))
-        except PlanError:
-            continue  # a remembered plan from another setting (bans, must-saves) that does not apply
     seen: set[frozenset[str]] = set()
     out = []
     for plan in plans:
