@@ -32,11 +32,10 @@ from .peak.candidates import PeakInfeasibleError, mincut_under_peak
 from .peak.layers import find_layers, layer_plans
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
-# checkpoint spacings tried (with sqrt(n)): the ones people write (on the HF LLaMA-7B graph every
-# 1 has both the least peak and the least cost of them, so each simulation more is time lost)
+# checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
-# min-cut weights between lam_range's extremes (geometric), beside the caller's lam (on the 7B
-# graphs 4 weights instead of 6 cost the layer mix 2-4% more recompute)
+# min-cut weights between lam_range's extremes (geometric), beside the caller's lam: their plans'
+# layers are the layer mix's options, so fewer weights give a faster but costlier mix
 LAMS = 6
 
 
