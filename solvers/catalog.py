@@ -98,7 +98,8 @@ class SolverInfo:
 PEAK_SEARCH = "the peak search (HiGHS relaxation and cut rounds, local search)"
 CATALOG: dict[str, SolverInfo] = {info.name: info for info in (
     SolverInfo("mincut", "min-cut of the joint graph (torch's method); under a budget, its weight "
-               "searched; under a peak budget, the cheapest fitting min-cut or checkpointing plan",
+               "searched; under a peak budget, the fast default: checkpointing every k blocks, min-cut "
+               "plans and their layer-by-layer mix (solvers.fast_peak)",
                MincutOptions, ALL),
     SolverInfo("cpsat", "exact least-recompute plan by OR-Tools CP-SAT; under a peak budget, " + PEAK_SEARCH,
                CpsatOptions, ALL),

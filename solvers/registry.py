@@ -72,7 +72,7 @@ def solve_peak(problem: Problem, solver: str, peak_budget: int, budget: int | No
     typed = typed_options(solver, dict(options or {}), PEAK)
     module, _, attr = _PEAK_ENTRIES[solver].partition(":")
     fn = getattr(importlib.import_module(module), attr)
-    what = "min-cut frontier" if solver == "mincut" else "peak search"
+    what = "fast default (checkpointing, min-cut, layer mix)" if solver == "mincut" else "peak search"
     report(None, None, phase=f"{what}: started")
     plan = fn(problem, peak_budget, budget, candidates=candidates, count_gradients=count_gradients,
               **mode_options(typed, PEAK))
