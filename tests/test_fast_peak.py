@@ -13,7 +13,7 @@ from opt_remat.solve import PeakBudgetError, choose_peak_plan
 from solvers.baselines import save_all, uniform_checkpoints
 from solvers.fast_peak import fast_peak_plan
 from solvers.liveness import peak_lower_bound, simulate_plan
-from solvers.peak_candidates import PeakInfeasibleError
+from solvers.peak import PeakInfeasibleError
 from solvers.problem import check_plan
 from solvers.random_problems import random_problem, repeated_problem
 
