@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                          FakeTensorMode, unset_fake_temporarily)
 
 from .canonical import input_roles
 
@@ -56,6 +57,51 @@ def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _skip_weight_init() -> Iterator[None]:
+    """``torch.nn.init``'s in-place initializers as no-ops: under fake tensors the values are not
+    real anyway, and some read them (``trunc_normal_`` resamples until ``mask.any()`` is false, a
+    data-dependent branch that fake tensors refuse: torchvision's ViT could not be built)."""
+    init = torch.nn.init
+    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_")
+             and callable(getattr(init, n))]
+    saved = {n: getattr(init, n) for n in names}
+    for n in names:
+        setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(init, n, fn)
+
+
+def _build_fake(factory: Callable[[], torch.nn.Module], fake_mode: FakeTensorMode,
+                dtype: torch.dtype | None) -> torch.nn.Module:
+    """``factory()`` with fake weights. Built under the fake mode where it can be; a constructor
+    that reads a tensor's value (timm's drop-path rates call ``.item()`` on a ``linspace``) is
+    built for real instead, its initializers skipped (``torch.empty`` storage the OS has not
+    handed out yet), and its weights then swapped for fake ones."""
+    try:
+        with fake_mode, _default_dtype(dtype), _skip_weight_init():
+            return factory()
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        pass
+    with _default_dtype(dtype), _skip_weight_init():
+        module = factory()
+    fakes: dict[int, torch.nn.Parameter] = {}  # one fake per parameter: tied weights stay tied
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                if id(param) not in fakes:
+                    fakes[id(param)] = torch.nn.Parameter(fake_mode.from_tensor(param.detach()),
+                                                          requires_grad=param.requires_grad)
+                sub._parameters[name] = fakes[id(param)]
+        for name, buf in list(sub._buffers.items()):
+            if buf is not None:
+                sub._buffers[name] = fake_mode.from_tensor(buf)
+    return module
 
 
 class _Captured(Exception):
@@ -152,8 +198,10 @@ def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], examp
     ``torch.compile(model, backend=opt_remat.backend(compiler=compiler, decompositions=...))`` hands
     them to its partitioner, in compilation order (several with graph breaks).
 
-    ``meta=True`` builds the factory under a FakeTensorMode and fakes the inputs, so nothing is
-    allocated (pass a factory: a module given already built has allocated its weights).
+    ``meta=True`` builds the factory under a FakeTensorMode (``torch.nn.init`` skipped) and fakes
+    the inputs, so nothing is allocated (pass a factory: a module given already built has
+    allocated its weights). A constructor that reads tensor values is built for real, without
+    initializing, and its weights made fake before the step runs.
     ``dtype`` is the default dtype while the model is built.
     """
     seen: list[JointGraph] = []
@@ -170,9 +218,12 @@ def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], examp
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if meta else None
     torch._dynamo.reset()
     try:
-        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        if fake_mode is not None and not isinstance(model, torch.nn.Module):
+            module = _build_fake(model, fake_mode, dtype)
+        else:
             with _default_dtype(dtype):
                 module = model() if not isinstance(model, torch.nn.Module) else model
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
             if fake_mode is not None:
                 example_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
                                   for x in example_inputs]
