@@ -12,8 +12,7 @@ from solvers.budget import BYTE_UNITS, byte_unit, format_bytes
 from .html_data import Curve, PlanView, RunReport
 from ..report import format_seconds
 from .plots import MIP_SOLVERS, _time_unit
-from .results import Record
-from .summary import verified_text
+from .results import Record, verified_text
 
 # plotly's default colours, one per solver in the run's order, the same in every figure
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",

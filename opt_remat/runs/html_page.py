@@ -15,7 +15,7 @@ from solvers.budget import column_unit, format_bytes
 from .html_data import TAGS, TOP_LIVE, RunReport
 from .html_figures import figures
 from ..report import format_seconds
-from .summary import budget_bytes_text, verified_text
+from .results import budget_bytes_text, verified_text
 from .util import jsonable, write_atomic
 
 REPORT_FILE = "report.html"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from solvers.budget import format_bytes
+
 from .config import BudgetSpec, Config, SolverSpec
 from .util import jsonable, write_atomic
 
@@ -188,3 +190,21 @@ def csv_text(records: Sequence[Record]) -> str:
         row["options"] = json.dumps(jsonable(rec.options), sort_keys=True)
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
     return buf.getvalue()
+
+
+def verified_text(rec: Record, *, notes: bool = True) -> str:
+    if rec.verified is None:
+        return "-"
+    if rec.verified:
+        text = "bitwise" if rec.bitwise else f"ok ({rec.max_rel_error or 0:.1e})"
+    else:
+        err = rec.max_rel_error
+        text = "FAIL" + (f" ({err:.1e})" if isinstance(err, float) else "")
+    return text + (f": {rec.verify_note}" if notes and rec.verify_note else "")
+
+
+def budget_bytes_text(rec: Record, unit: str | None = None) -> str:
+    saved = format_bytes(rec.budget_bytes, unit) if rec.budget_bytes is not None else ""
+    if rec.peak_budget is None:
+        return saved or "-"
+    return f"peak {format_bytes(rec.peak_budget, unit)}" + (f", saved {saved}" if saved else "")

@@ -13,27 +13,9 @@ from solvers.budget import column_unit, format_bytes
 
 from ..report import format_seconds
 from .config import TORCH_SOLVER, Config
-from .results import Record
+from .results import Record, budget_bytes_text, verified_text
 from .util import write_atomic
 from .workload import Workload
-
-
-def verified_text(rec: Record, *, notes: bool = True) -> str:
-    if rec.verified is None:
-        return "-"
-    if rec.verified:
-        text = "bitwise" if rec.bitwise else f"ok ({rec.max_rel_error or 0:.1e})"
-    else:
-        err = rec.max_rel_error
-        text = "FAIL" + (f" ({err:.1e})" if isinstance(err, float) else "")
-    return text + (f": {rec.verify_note}" if notes and rec.verify_note else "")
-
-
-def budget_bytes_text(rec: Record, unit: str | None = None) -> str:
-    saved = format_bytes(rec.budget_bytes, unit) if rec.budget_bytes is not None else ""
-    if rec.peak_budget is None:
-        return saved or "-"
-    return f"peak {format_bytes(rec.peak_budget, unit)}" + (f", saved {saved}" if saved else "")
 
 
 def progress_line(i: int, n: int, rec: Record) -> str:
