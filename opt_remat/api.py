@@ -277,7 +277,6 @@ def _solve_lines(verbose: bool, solver: str | None, budget: Any, peak: int | Non
     import sys
 
     from solvers import progress
-    from solvers.budget import format_bytes
 
     from .runs.progress import Display
 

@@ -26,6 +26,14 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from .canonical import input_roles
 
 
+def _deepcopy_unfaked(module: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy made with any fake mode unset: the partitioner is called while AOTAutograd's is
+    active, and a graph holding a real constant tensor (HF models' rotary tables, causal masks)
+    cannot be copied under it."""
+    with unset_fake_temporarily():
+        return copy.deepcopy(module)
+
+
 @dataclass
 class JointGraph:
     module: fx.GraphModule
@@ -35,9 +43,7 @@ class JointGraph:
 
     def copy(self) -> "JointGraph":
         """A deep copy: partitioners mutate the graph they are given."""
-        with unset_fake_temporarily():
-            module = copy.deepcopy(self.module)
-        return JointGraph(module, self.num_fwd_outputs,
+        return JointGraph(_deepcopy_unfaked(self.module), self.num_fwd_outputs,
                           list(self.static_lifetime_input_indices or []),
                           list(self.input_roles) if self.input_roles is not None else None)
 
@@ -207,11 +213,7 @@ def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], examp
     seen: list[JointGraph] = []
 
     def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
-        # AOTAutograd's fake mode is active here; a joint graph holding a real constant tensor
-        # (HF models' rotary tables, causal masks) cannot be deep-copied under it.
-        with unset_fake_temporarily():
-            module = copy.deepcopy(joint)
-        seen.append(JointGraph(module, kw["num_fwd_outputs"],
+        seen.append(JointGraph(_deepcopy_unfaked(joint), kw["num_fwd_outputs"],
                                kw.get("static_lifetime_input_indices"), roles))
 
     be = _capturing_backend(compiler, decompositions, record)

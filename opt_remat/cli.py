@@ -148,6 +148,7 @@ def _solve(args: argparse.Namespace) -> int:
     from .report import describe_plan
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.execute import solve_one
+    from .runs.loop import tightest_first
     from .runs.plan_files import apply_hint, write_plan
     from .runs.progress import Display, terminal_mode
 
@@ -182,7 +183,7 @@ def _solve(args: argparse.Namespace) -> int:
         display.start(len(budgets) * len(works))
         # one plan file per budget, each holding a plan per captured graph; peak budgets last,
         # tightest first, so that each plan is a candidate at the looser ones (opt_remat.plan_memory)
-        for spec in sorted(budgets, key=lambda b: (b.peak is not None, b.peak or 0)):
+        for spec in sorted(budgets, key=tightest_first):
             path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
             plans = []
             for i, work in enumerate(works):

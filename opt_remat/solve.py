@@ -11,6 +11,7 @@ from solvers import InfeasibleError, Plan, Problem, Status, check_plan, interrup
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.mincut import lam_range, solve_mincut
 from solvers.mip import solve_mip
+from solvers.mip_warm import better
 from solvers.peak import PeakInfeasibleError
 from solvers.registry import label_peak_plan, solve, solve_peak
 
@@ -221,7 +222,7 @@ def choose_default_plan(problem: Problem, budget: int | None, mincut_options: di
         if exact is None:
             raise
         return exact
-    if exact is not None and (exact.recompute_cost, exact.saved_bytes) < (cut.recompute_cost, cut.saved_bytes):
+    if exact is not None and better(exact, cut):
         return exact  # its message says where the search stopped
     if why:
         warnings.warn(f"opt-remat: {why}; using the min-cut plan", stacklevel=2)

@@ -142,7 +142,14 @@ def _exit(problem: Problem, block_of: Mapping[str, int], last: int) -> tuple[str
 
 def find_blocks(problem: Problem) -> Blocks | None:
     """The model's repeated blocks (see the module doc), or None: no module paths, or no
-    indexed modules of one class that run one after the other."""
+    indexed modules of one class that run one after the other. Found once per problem and kept
+    with it (checkpointing, symmetry and the layer mix all ask)."""
+    if "_blocks" not in problem.__dict__:  # (as liveness.simulator keeps its simulator)
+        problem.__dict__["_blocks"] = _find_blocks(problem)
+    return problem.__dict__["_blocks"]
+
+
+def _find_blocks(problem: Problem) -> Blocks | None:
     for paths in _containers(problem.module_classes):
         block_of = _membership(problem, paths)
         found = _in_sequence(problem, paths, block_of)

@@ -34,7 +34,7 @@ def option(default: Any, doc: str, *, kind: str, modes: tuple[str, ...] = (FREE,
     return field(default=default, metadata={"doc": doc, "kind": kind, "modes": modes, "choices": choices})
 
 
-ALL = (FREE, SAVED, PEAK)
+ALL = MODES
 
 
 @dataclass(frozen=True)

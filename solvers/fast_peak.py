@@ -28,7 +28,7 @@ from typing import Iterable
 from .baselines import uniform_checkpoints
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import InfeasibleError, lam_range, solve_mincut
-from .peak.candidates import PeakInfeasibleError, mincut_under_peak
+from .peak.candidates import PeakInfeasibleError, cheapest_fitting, mincut_under_peak
 from .peak.layers import find_layers, layer_plans
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
@@ -50,14 +50,14 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
     if not count_gradients:
         problem = without_gradients(problem)
     pool = _pool(problem, lam, candidates)
-    best = _cheapest(pool, peak_budget, budget)
+    best = cheapest_fitting(pool, peak_budget, budget)
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
         # no deadline: the options measured are bounded by the pool's distinct layers
         mixed = layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
                             budget, deadline=math.inf)
-        best = _cheapest(([best] if best else []) + mixed, peak_budget, budget)
+        best = cheapest_fitting(([best] if best else []) + mixed, peak_budget, budget)
     if best is None or layers is None:
         try:
             found = mincut_under_peak(problem, peak_budget, budget)
@@ -67,7 +67,7 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                                default=None)
                 raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem)) from None
         else:
-            best = _cheapest(([best] if best else []) + [(found, found.extra["peak"])], peak_budget, budget)
+            best = cheapest_fitting(([best] if best else []) + [(found, found.extra["peak"])], peak_budget, budget)
     assert best is not None
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
@@ -138,14 +138,3 @@ def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, i
             seen.add(plan.saved)
             out.append((plan, simulate_plan(problem, plan.saved).peak))
     return out
-
-
-def _cheapest(plans: list[tuple[Plan, int]], peak_budget: int,
-              budget: int | None) -> tuple[Plan, int] | None:
-    """The fitting plan of least recompute cost, then fewest saved bytes, then first offered."""
-    fitting = [(i, p, peak) for i, (p, peak) in enumerate(plans)
-               if peak <= peak_budget and (budget is None or p.saved_bytes <= budget)]
-    if not fitting:
-        return None
-    _, plan, peak = min(fitting, key=lambda x: (x[1].recompute_cost, x[1].saved_bytes, x[0]))
-    return plan, peak

@@ -26,9 +26,6 @@ from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
 from .workload import Workload
 
-PEAK_SOLVERS = tuple(catalog.supporting(catalog.PEAK))  # the solvers with a peak-budget mode
-
-
 @dataclass(frozen=True)
 class Pair:
     """One (budget, solver) pair of a run, with the saved bytes its budget allows on this graph."""
@@ -79,9 +76,10 @@ def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options:
     """One (budget, solver) pair: a plan, or why there is none. Picklable in and out.
     ``default_lam``: the default path's min-cut plan joins a peak solve's candidates; ``memory``:
     the graph's key for plans remembered across solves (``opt_remat.plan_memory``)."""
+    from ..options import mode_of
     from ..solve import choose_peak_plan, choose_plan
 
-    mode = catalog.PEAK if peak_budget is not None else catalog.FREE if budget_bytes is None else catalog.SAVED
+    mode = mode_of(budget_bytes, peak_budget)
     if mode not in catalog.info(solver).modes:
         return SolveResult(status="skipped", error=f"{solver} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
                                                    f"that can: {', '.join(catalog.supporting(mode))})")

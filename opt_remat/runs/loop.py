@@ -61,7 +61,7 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
 
     # peak budgets tightest first: each plan, remembered, is a candidate at the looser budgets
     # (opt_remat.plan_memory), so a looser budget never gets a costlier plan
-    pending.sort(key=tightest_first)
+    pending.sort(key=lambda pair: tightest_first(pair.budget))
     store.open()
     reused = len(records)
     if reused:
@@ -93,9 +93,9 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
     return RunSummary(store.dir, ordered, len(pending), reused, failed_verification(ordered))
 
 
-def tightest_first(pair: Pair) -> tuple[bool, int]:
-    """The pairs without a peak budget in their order, then the peak-budget pairs by their peak."""
-    return (pair.budget.peak is not None, pair.budget.peak or 0)
+def tightest_first(budget: BudgetSpec) -> tuple[bool, int]:
+    """The budgets without a peak in their order, then the peak budgets by their peak."""
+    return (budget.peak is not None, budget.peak or 0)
 
 
 def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
