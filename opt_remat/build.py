@@ -80,14 +80,22 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     return None
 
 
-def module_stack(node: fx.Node) -> list[tuple[str, str]]:
+def module_stack(node: fx.Node) -> tuple[tuple[str, str], ...]:
     """The modules a node was made in, outermost first, as (path, class): ``("model.layers.0",
     "pkg.LlamaDecoderLayer")``. A backward node takes its forward node's stack. Entries that are
     not submodules of the entry before them are left out: functions wrapped as modules (HF's
     ``G['__import_...'].apply_rotary_pos_emb``) sit in the stack but own no weights or children."""
+    return _stack_of(_raw_stack(node))
+
+
+def _raw_stack(node: fx.Node) -> tuple[tuple[Any, Any], ...]:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    return tuple(stack.values())
+
+
+def _stack_of(raw_stack: tuple[tuple[Any, Any], ...]) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
-    for raw, cls in stack.values():
+    for raw, cls in raw_stack:
         raw = str(raw)
         if raw.startswith("G['__import_"):  # an imported Python module's global: a function
             continue
@@ -96,7 +104,21 @@ def module_stack(node: fx.Node) -> list[tuple[str, str]]:
             continue
         name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
         out.append((path, name))
-    return out
+    return tuple(out)
+
+
+def _module_stacks() -> Callable[[fx.Node], tuple[tuple[str, str], ...]]:
+    """``module_stack``, worked out once per distinct stack within one build: thousands of nodes
+    share a few hundred stacks, and cleaning the dynamo source names takes regexes."""
+    memo: dict[tuple[tuple[Any, Any], ...], tuple[tuple[str, str], ...]] = {}
+
+    def stack_of(node: fx.Node) -> tuple[tuple[str, str], ...]:
+        raw = _raw_stack(node)
+        found = memo.get(raw)
+        if found is None:
+            found = memo[raw] = _stack_of(raw)
+        return found
+    return stack_of
 
 
 def _meta_val(node: fx.Node) -> Any:
@@ -166,7 +188,7 @@ class _Storages:
 
 def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Mapping[str, str],
           op_types: tp.OpTypes, impure: Callable[[fx.Node], bool], tagged_recompute: set[str],
-          ban_reasons: dict[str, str], profile: DeviceProfile) -> Node:
+          ban_reasons: dict[str, str], profile: DeviceProfile, module: str) -> Node:
     """One value of the problem: sizes, bans (reasons into ``ban_reasons``), cost, module."""
     nbytes, storage, saveable = storages.size(node, val, role)
     extra_inputs: tuple[str, ...] = ()
@@ -193,7 +215,6 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
     if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
         view_like = storage is not None or node.target is operator.getitem
         cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
-    stack = module_stack(node)
     return Node(
         name=node.name,
         role=role,
@@ -208,7 +229,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
                       and isinstance(node.args[0], fx.Node) else None),
         op=(("rng_state" if node.target is rng_state_capture else str(node.target))
             if node.op == "call_function" else node.op),
-        module=stack[-1][0] if stack else "",
+        module=module,
     )
 
 
@@ -244,16 +265,18 @@ def build_problem(
     module_classes: dict[str, str] = {}
     timed: list[fx.Node] = []  # the ops "profile" measures
     state_of = {s.meta[STATE_META]: s.name for s in state_nodes(joint_module.graph)}  # random op -> state
+    stack_of = _module_stacks()
     for node in joint_module.graph.nodes:
         if node.op == "output":
             continue
         role = _role(node, info, inputs)
         if role is not Role.BACKWARD and (node in info.required_bw_nodes or node in bwd_out_nodes):
             required.add(node.name)
+        stack = stack_of(node)
         made = _node(node, _meta_val(node), role, storages, state_of, op_types, impure,
-                     tagged_recompute, ban_reasons, profile)
+                     tagged_recompute, ban_reasons, profile, stack[-1][0] if stack else "")
         nodes.append(made)
-        module_classes.update(module_stack(node))
+        module_classes.update(stack)
         if (costs == "profile" and node.op == "call_function" and role in (Role.FORWARD, Role.EITHER)
                 and made.storage is None and node.target is not operator.getitem):
             timed.append(node)  # views cost nothing to recompute: not timed
