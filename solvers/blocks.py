@@ -144,9 +144,7 @@ def find_blocks(problem: Problem) -> Blocks | None:
     """The model's repeated blocks (see the module doc), or None: no module paths, or no
     indexed modules of one class that run one after the other. Found once per problem and kept
     with it (checkpointing, symmetry and the layer mix all ask)."""
-    if "_blocks" not in problem.__dict__:  # (as liveness.simulator keeps its simulator)
-        problem.__dict__["_blocks"] = _find_blocks(problem)
-    return problem.__dict__["_blocks"]
+    return problem.derived("blocks.find_blocks", _find_blocks)
 
 
 def _find_blocks(problem: Problem) -> Blocks | None:

@@ -217,10 +217,7 @@ class Simulator:
 
 def simulator(problem: Problem) -> Simulator:
     """The problem's simulator, prepared on first use and kept with the problem."""
-    sim = problem.__dict__.get("_simulator")
-    if sim is None:  # (as functools.cached_property keeps its values on a frozen dataclass)
-        sim = problem.__dict__["_simulator"] = Simulator(problem)
-    return sim
+    return problem.derived("liveness.simulator", Simulator)
 
 
 def backward_schedule(problem: Problem, saved: Iterable[str]) -> list[str]:

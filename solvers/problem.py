@@ -22,7 +22,9 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
+
+T = TypeVar("T")
 
 
 class Role(str, Enum):
@@ -80,6 +82,9 @@ class Problem:
     # module path -> its class ("pkg.mod.LlamaDecoderLayer"), for every module a node's path runs
     # through: repeated blocks are indexed modules of one class (``solvers.blocks``)
     module_classes: Mapping[str, str] = field(default_factory=dict)
+    # what other modules derive from the problem, kept with it (``derived``); not an init field, so
+    # ``with_nodes`` and ``dataclasses.replace`` start the new problem with none
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -110,6 +115,17 @@ class Problem:
                 raise ProblemError(f"input node {node.name!r} has inputs {node.inputs}")
 
     # ---- derived structure -------------------------------------------------------------------
+    def derived(self, key: str, make: Callable[["Problem"], T]) -> T:
+        """``make(self)``, computed on the first call with ``key`` and kept with this problem object
+        (a problem is immutable, so what is derived from it stays true): the simulator, the
+        repeated blocks, a solver's budget-free work. ``key``: the maker's module and name
+        (``"liveness.simulator"``), so that two modules never share one."""
+        try:
+            return cast(T, self._derived[key])
+        except KeyError:
+            value = self._derived[key] = make(self)
+            return value
+
     @cached_property
     def by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}

@@ -134,3 +134,33 @@ def test_recompute_cost_does_not_depend_on_order():
     forward_sum = problem.recompute_cost(names)
     assert forward_sum == problem.recompute_cost(list(reversed(names)))
     assert forward_sum == math.fsum(costs.values())
+
+
+def test_derived_data_is_computed_once_per_problem_and_not_compared():
+    problem = random_problem(3, n_forward=6)
+    calls = []
+
+    def make(p):
+        calls.append(p)
+        return len(p.nodes)
+
+    assert problem.derived("test.count", make) == len(problem.nodes)
+    assert problem.derived("test.count", make) == len(problem.nodes)
+    assert calls == [problem]
+    assert problem.derived("test.none", lambda p: None) is None  # None is kept too
+    assert problem.derived("test.none", make) is None
+    # a new problem object derives its own; equality ignores what was derived
+    other = problem.with_nodes(problem.nodes)
+    assert other == problem and other.derived("test.count", make) == len(other.nodes) and len(calls) == 2
+    assert replace(problem) == problem and replace(problem).derived("test.count", make) == len(problem.nodes)
+    assert len(calls) == 3
+
+
+def test_no_module_writes_into_a_problem_outside_its_own():
+    """Derived data goes through ``Problem.derived``: no other module reaches into ``__dict__``."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    offenders = [str(p.relative_to(root)) for folder in ("solvers", "opt_remat")
+                 for p in (root / folder).rglob("*.py")
+                 if p.name != "problem.py" and "problem.__dict__" in p.read_text()]
+    assert offenders == []
