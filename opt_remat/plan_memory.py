@@ -3,8 +3,8 @@ plan, or a refusal, where a plan found for a tighter one fits.
 
 Each plan a peak solve returns is remembered as its saved values' canonical ids
 (``opt_remat.canonical``), keyed by the graph's canonical id: in this process, and on disk in
-``$OPT_REMAT_CACHE_DIR/plans/GRAPH-ID.json`` (default ``~/.cache/opt-remat``, beside the op-cost
-cache of ``opt_remat.profile_costs``), the ``MAX_PLANS`` most recent. A later solve of the same
+``$OPT_REMAT_CACHE_DIR/plans/GRAPH-ID.json`` (``opt_remat.disk_cache``: default
+``~/.cache/opt-remat``, beside the op-cost cache), the ``MAX_PLANS`` most recent. A later solve of the same
 graph (a YAML sweep, ``opt-remat solve`` over a config's budgets, a partitioner called again,
 another process) offers them to its solver as candidates, and ``cheaper_remembered`` makes sure
 that one that fits and costs less wins. Plans are checked again on the problem at hand (bans,
@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 from solvers import Plan, PlanError, Problem, Status, plan_from_saved
 from solvers.liveness import simulate_plan, without_gradients
 
-from .profile_costs import cache_path
+from .disk_cache import cache_dir, replace_file
 
 MAX_PLANS = 32
 _memory: dict[str, list[frozenset[str]]] = {}  # graph id -> saved sets (canonical ids), oldest first
@@ -52,7 +52,7 @@ def enabled() -> bool:
 
 
 def memory_path(graph_id: str) -> Path:
-    return cache_path().parent / "plans" / f"{graph_id}.json"
+    return cache_dir() / "plans" / f"{graph_id}.json"
 
 
 def _read(graph_id: str) -> list[frozenset[str]]:
@@ -89,11 +89,8 @@ def remember(key: GraphKey | None, saved: Iterable[str]) -> None:
         path = memory_path(key.graph_id)
         plans = [p for p in _read(key.graph_id) if p != ids] + [ids]
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"graph_id": key.graph_id,
-                                       "plans": [sorted(p) for p in plans[-MAX_PLANS:]]}))
-            os.replace(tmp, path)
+            replace_file(path, json.dumps({"graph_id": key.graph_id,
+                                           "plans": [sorted(p) for p in plans[-MAX_PLANS:]]}))
         except OSError:
             pass  # the process memory still serves this run
 

@@ -14,7 +14,6 @@ The cache lives in ``$OPT_REMAT_CACHE_DIR`` (default ``~/.cache/opt-remat``), fi
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .costs import _hint
+from .disk_cache import cache_dir, replace_file
 
 WARMUP = 1
 RUNS = 5
@@ -33,8 +33,7 @@ CACHE_FILE = "op_costs.json"
 
 
 def cache_path() -> Path:
-    root = os.environ.get("OPT_REMAT_CACHE_DIR") or os.path.join(Path.home(), ".cache", "opt-remat")
-    return Path(root) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _describe(x: Any) -> Any:
@@ -120,10 +119,7 @@ def profile_costs(nodes: list[fx.Node]) -> dict[str, float]:
             print(f"  {i + 1}/{len(by_key)}", file=sys.stderr)
     if by_key:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache))
-            os.replace(tmp, path)
+            replace_file(path, json.dumps(cache))
         except OSError:
             pass  # measuring still helps this run
     return {name: cache[key] for name, key in keys.items() if key in cache}
