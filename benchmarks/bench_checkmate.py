@@ -22,11 +22,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from opt_remat.formats.checkmate_graph import (compute_overhead_percent, graph_files, graph_name, load_graph,
+                                               no_recompute_saved_bytes)
 from opt_remat.report import table
 from solvers import registry
 from solvers.budget import format_bytes
-from solvers.checkmate import (compute_overhead_percent, graph_files, graph_name, load_graph,
-                               no_recompute_saved_bytes)
 from solvers.liveness import simulate_plan
 from solvers.mincut import InfeasibleError, solve_mincut
 from solvers.peak import PeakInfeasibleError, solve_peak

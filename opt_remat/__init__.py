@@ -11,10 +11,10 @@ from typing import Any
 
 _EXPORTS = {
     "Partitioner": "api", "PartitionRecord": "api", "backend": "api", "partitioner": "api",
-    "GraphError": "build", "build_problem": "build",
+    "GraphError": "errors", "OptRematError": "errors", "build_problem": "build",
     "PROFILES": "costs", "DeviceProfile": "costs", "get_profile": "costs",
     "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
-    "BudgetError": "solve", "PeakBudgetError": "solve", "SolveInterrupted": "solve",
+    "BudgetError": "errors", "PeakBudgetError": "errors", "SolveInterrupted": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

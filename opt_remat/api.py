@@ -21,13 +21,13 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem, catalog
 from solvers.budget import Fraction, format_bytes, parse_budget
-from solvers.plans_io import read_plan_file
 
 from . import plan_memory
 from .build import build_problem, classify, prepare_joint
 from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
 from .errors import catchable
+from .formats.plan_file import read_plan_file
 from .lower import lower_plan
 from .options import (TORCH_SOLVER, check_solver_options, default_solver_options, mode_of, options_in_mode,
                       possible_modes)

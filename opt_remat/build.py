@@ -26,13 +26,10 @@ from solvers import Node, Problem, Role
 
 from .canonical import clean_source
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+from .errors import GraphError
 from .prepare import classify, prepare_joint
 from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
-
-
-class GraphError(ValueError):
-    """A joint graph that opt-remat cannot partition safely, naming the node at fault."""
 
 
 _ALLOWED_NAMESPACES = {"aten", "prims"}

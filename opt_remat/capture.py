@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                           FakeTensorMode, unset_fake_temporarily)
 
 from .canonical import input_roles
+from .errors import CaptureError
 
 
 def _deepcopy_unfaked(module: fx.GraphModule) -> fx.GraphModule:
@@ -46,10 +47,6 @@ class JointGraph:
         return JointGraph(_deepcopy_unfaked(self.module), self.num_fwd_outputs,
                           list(self.static_lifetime_input_indices or []),
                           list(self.input_roles) if self.input_roles is not None else None)
-
-
-class CaptureError(ValueError):
-    """A step that cannot be captured as asked (e.g. several graphs where one is needed)."""
 
 
 @contextlib.contextmanager

@@ -17,12 +17,13 @@ from typing import Any, Sequence
 from solvers.budget import column_unit, format_bytes
 
 from .cli_text import BUDGET_HELP, DESCRIPTION, RUN_EPILOG, para as _para
+from .errors import OptRematError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
-class UsageError(ValueError):
+class UsageError(OptRematError, ValueError):
     """Bad command-line input (exit 2)."""
 
 
@@ -211,8 +212,8 @@ def _safe_label(label: str) -> str:
 
 # ---- show --------------------------------------------------------------------------------------------
 def _show(args: argparse.Namespace) -> int:
-    from solvers.plans_io import PlanMismatchError, read_plan_file
-
+    from .errors import PlanMismatchError
+    from .formats.plan_file import read_plan_file
     from .runs.show import made_for_lines, show_graph
 
     try:

@@ -1,4 +1,9 @@
-"""opt-remat's errors, reachable by the user around a compiled model's call.
+"""The torch side's errors, and how they reach the user around a compiled model's call.
+
+Every error opt-remat raises derives from ``OptRematError`` (``solvers.errors``, re-exported here and
+as ``opt_remat.OptRematError``); the solver side's are in ``solvers.errors``, the entry layer's
+(``ConfigError``, ``RunError``, ``UsageError``, ``ReportError``) stay beside their readers. This
+module imports no torch until an error is passed through torch.compile.
 
 torch.compile wraps every error a backend raises in ``torch._dynamo.exc.BackendCompilerFailed``,
 except the ones derived from dynamo's ``ShortenTraceback``, which it re-raises as they are. So
@@ -14,7 +19,8 @@ The errors a user can cause, all ``ValueError``s naming the cause and the fix:
   ``BudgetError`` (no plan saves within the budget), ``PeakBudgetError`` (none peaks within the peak
   budget), ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
   made for another graph: shapes, model, compiler or torch version differ).
-Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``) with the best plan found.
+Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``, so not an
+``OptRematError``: ``except Exception`` must not swallow a Ctrl-C) with the best plan found.
 """
 
 from __future__ import annotations
@@ -22,10 +28,71 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from solvers.plans_io import PlanMismatchError
+from solvers.budget import format_bytes
+from solvers.errors import OptRematError
+from solvers.problem import Plan
 
-from .build import GraphError
-from .solve import BudgetError, PeakBudgetError
+__all__ = ["BudgetError", "CaptureError", "GraphError", "GraphLoadError", "OptRematError", "PeakBudgetError",
+           "PlanMismatchError", "SolveInterrupted", "USER_ERRORS", "Unsupported", "catchable", "unwrap"]
+
+
+class GraphError(OptRematError, ValueError):
+    """A joint graph that opt-remat cannot partition safely, naming the node at fault."""
+
+
+class CaptureError(OptRematError, ValueError):
+    """A step that cannot be captured as asked (e.g. several graphs where one is needed)."""
+
+
+class Unsupported(OptRematError):
+    """A case torch's extraction handles specially: the caller falls back to it (never reaches
+    the user)."""
+
+
+class PlanMismatchError(OptRematError, ValueError):
+    """A plan file that cannot be read, or a plan applied to a graph it was not made for."""
+
+
+class GraphLoadError(OptRematError, ValueError):
+    """A graph file that is not a valid training graph; the message names the file and node."""
+
+
+class BudgetError(OptRematError, ValueError):
+    """A budget no plan can meet; says the smallest feasible one."""
+
+    def __init__(self, budget: int, min_feasible_bytes: int, detail: str = "") -> None:
+        self.budget = budget
+        self.min_feasible_bytes = min_feasible_bytes
+        super().__init__(
+            f"budget {format_bytes(budget)} ({budget} bytes) is infeasible: the smallest plan of any "
+            f"solver saves {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
+            + (f"; {detail}" if detail else f". Raise the budget to at least {min_feasible_bytes} bytes")
+        )
+
+
+class PeakBudgetError(OptRematError, ValueError):
+    """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
+
+    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None) -> None:
+        self.peak_budget = peak_budget
+        self.min_peak = min_peak
+        self.floor = floor
+        found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
+                 f"peak_budget to at least {min_peak} bytes" if min_peak is not None
+                 else "no valid plan was found at all (check bans and must-recompute tags)")
+        if floor is not None and min_peak is not None:
+            found += (" (it is the smallest possible)" if floor == min_peak else
+                      f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
+        super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
+
+
+class SolveInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a solve; ``plan`` is the best plan it had found (checked valid), or None."""
+
+    def __init__(self, plan: Plan | None) -> None:
+        super().__init__("interrupted (Ctrl-C) during the solve")
+        self.plan = plan
+
 
 # the user's to fix, raised while torch.compile compiles; never fallen back from
 USER_ERRORS = (BudgetError, PeakBudgetError, GraphError, PlanMismatchError)

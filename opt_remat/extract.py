@@ -36,13 +36,10 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from solvers.liveness import just_in_time
 
+from .errors import Unsupported
 from .rng_replay import fuse_rng_replay_graph
 
 _SUPPORTED_OPS = ("placeholder", "call_function", "get_attr", "output")
-
-
-class Unsupported(Exception):
-    """A case torch's extraction handles specially: the caller falls back to it."""
 
 
 def unsupported(joint_module: fx.GraphModule, saved: Iterable[fx.Node]) -> str | None:

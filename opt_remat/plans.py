@@ -1,5 +1,5 @@
 """Plan files on the torch side: what a plan was made for, matching a plan to a compiled graph, and
-saying what differs when none matches. The file format itself is ``solvers.plans_io``."""
+saying what differs when none matches. The file format itself is ``opt_remat.formats.plan_file``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 import torch.fx as fx
 
 from solvers import Plan, Problem
-from solvers.plans_io import (PlanMismatchError, apply_plan, closest_graph, find_graph, first_difference,
-                              graph_entry, plan_document)
 
 from .canonical import canonical_values, graph_id
+from .errors import PlanMismatchError
+from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference, graph_entry, plan_document
 
 
 def versions() -> dict[str, str]:

@@ -25,7 +25,8 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._ordered_set import OrderedSet
 
-from .extract import Unsupported, impurity, kept_nodes
+from .errors import Unsupported
+from .extract import impurity, kept_nodes
 from .rng_replay import insert_rng_states
 
 

@@ -15,28 +15,8 @@ from solvers.mip_warm import better
 from solvers.peak import PeakInfeasibleError
 from solvers.registry import label_peak_plan, solve, solve_peak
 
+from .errors import BudgetError, PeakBudgetError, SolveInterrupted
 from .plan_memory import GraphKey, as_solution, cheaper_remembered, recall, remember
-
-
-class BudgetError(ValueError):
-    """A budget no plan can meet; says the smallest feasible one."""
-
-    def __init__(self, budget: int, min_feasible_bytes: int, detail: str = "") -> None:
-        self.budget = budget
-        self.min_feasible_bytes = min_feasible_bytes
-        super().__init__(
-            f"budget {format_bytes(budget)} ({budget} bytes) is infeasible: the smallest plan of any "
-            f"solver saves {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
-            + (f"; {detail}" if detail else f". Raise the budget to at least {min_feasible_bytes} bytes")
-        )
-
-
-class SolveInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a solve; ``plan`` is the best plan it had found (checked valid), or None."""
-
-    def __init__(self, plan: Plan | None) -> None:
-        super().__init__("interrupted (Ctrl-C) during the solve")
-        self.plan = plan
 
 
 def _raise_if_interrupted(problem: Problem, plan: Plan | None, budget: int | None) -> None:
@@ -47,22 +27,6 @@ def _raise_if_interrupted(problem: Problem, plan: Plan | None, budget: int | Non
     if plan is not None and not check_plan(problem, plan, budget=budget).valid:
         plan = None
     raise SolveInterrupted(plan)
-
-
-class PeakBudgetError(ValueError):
-    """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
-
-    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None) -> None:
-        self.peak_budget = peak_budget
-        self.min_peak = min_peak
-        self.floor = floor
-        found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
-                 f"peak_budget to at least {min_peak} bytes" if min_peak is not None
-                 else "no valid plan was found at all (check bans and must-recompute tags)")
-        if floor is not None and min_peak is not None:
-            found += (" (it is the smallest possible)" if floor == min_peak else
-                      f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
-        super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
 def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, budget: int | None,

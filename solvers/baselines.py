@@ -23,8 +23,9 @@ import numpy as np
 
 from .blocks import block_boundaries, boundary_groups  # noqa: F401 (block_boundaries: re-exported)
 from .budget import format_bytes
-from .mincut import InfeasibleError, lam_range, solve_mincut
-from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
+from .errors import InfeasibleError, PlanError
+from .mincut import lam_range, solve_mincut
+from .problem import Plan, Problem, Role, Status, plan_from_saved
 from .registry import register
 
 BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")

@@ -26,11 +26,12 @@ import weakref
 from typing import Iterable
 
 from .baselines import uniform_checkpoints
+from .errors import InfeasibleError, PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
-from .mincut import InfeasibleError, lam_range, solve_mincut
-from .peak.candidates import PeakInfeasibleError, cheapest_fitting, mincut_under_peak
+from .mincut import lam_range, solve_mincut
+from .peak.candidates import cheapest_fitting, mincut_under_peak
 from .peak.layers import find_layers, layer_plans
-from .problem import Plan, PlanError, Problem, Status, plan_from_saved
+from .problem import Plan, Problem, Status, plan_from_saved
 
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)

@@ -17,14 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .budget import format_bytes
+from .errors import InfeasibleError
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 from .registry import register
 
 _INF_BITS = 40  # finite capacities are scaled to sum to at most 2**40; infinity is 2**42
-
-
-class InfeasibleError(ValueError):
-    """No plan exists (e.g. a value the backward reads can be neither saved nor recomputed)."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import interrupt
 from .budget import format_bytes
-from .mincut import InfeasibleError
+from .errors import BudgetInfeasibleError, InfeasibleError, MIPTimeLimitError
 from .mip_cpsat import CostScale, EngineResult, Solved, run_cpsat, saved_set, solve_cpsat
 from .mip_milp import solve_milp
 from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
@@ -48,28 +48,6 @@ from .registry import register
 from .symmetry import find_repeated
 
 ENGINES = ("cpsat", "cbc", "highs")
-
-
-class BudgetInfeasibleError(InfeasibleError):
-    """The budget is below the smallest saved bytes of any valid plan."""
-
-    def __init__(self, budget: int, min_feasible_bytes: int | None, *, proven: bool = True) -> None:
-        self.budget = budget
-        self.min_feasible_bytes = min_feasible_bytes
-        self.proven = proven
-        if min_feasible_bytes is None:
-            detail = "the smallest feasible saved bytes could not be determined in the time limit"
-        elif proven:
-            detail = f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
-        else:
-            detail = (f"the smallest saved bytes found is {format_bytes(min_feasible_bytes)} "
-                      "(not proven minimal within the time limit)")
-        super().__init__(f"budget {format_bytes(budget)} is infeasible: {detail}")
-
-
-class MIPTimeLimitError(TimeoutError):
-    """The solver found no plan in its time limit and no warm-start plan fits the budget."""
-
 
 
 @dataclass

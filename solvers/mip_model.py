@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from .disjoint_sets import DisjointSets
-from .mincut import InfeasibleError
+from .errors import InfeasibleError
 from .problem import Plan, Problem, Role
 
 

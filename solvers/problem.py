@@ -24,6 +24,8 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
 
+from .errors import PlanError, ProblemError
+
 T = TypeVar("T")
 
 
@@ -62,10 +64,6 @@ class Node:
     @property
     def storage_id(self) -> str:
         return self.storage if self.storage is not None else self.name
-
-
-class ProblemError(ValueError):
-    """A problem description that is not a valid DAG of the model above."""
 
 
 @dataclass(frozen=True)
@@ -234,10 +232,6 @@ class Plan:
         if self.objective - self.bound <= 1e-12 * max(1.0, abs(self.objective)):
             return 0.0
         return (self.objective - self.bound) / max(abs(self.objective), 1e-12)
-
-
-class PlanError(ValueError):
-    """A saved set from which the backward cannot be computed."""
 
 
 def recompute_closure(problem: Problem, saved: Iterable[str], *,

@@ -15,10 +15,10 @@ from solvers import registry
 from solvers.baselines import (BASELINES, block_boundaries, dp_knapsack, greedy_knapsack,
                                inputs_only, knapsack_baseline, knapsack_setup, save_all,
                                sqrt_checkpoint, uniform_checkpoint)
-from solvers.brute_force import brute_force
+from support.brute_force import brute_force
 from solvers.mincut import InfeasibleError
 from solvers.problem import Node, Plan, Problem, Role, Status, check_plan
-from solvers.random_problems import random_problem
+from support.random_problems import random_problem
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.random_problems import random_problem
 
 import opt_remat
 from opt_remat.cli import main
@@ -21,7 +22,6 @@ from opt_remat.runs.progress import Display
 from solvers import catalog, registry
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.progress import Progress
-from solvers.random_problems import random_problem
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """\

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from opt_remat.errors import GraphLoadError
+from opt_remat.formats.checkmate_graph import (
+    compute_overhead_percent,
+    graph_files,
+    graph_name,
+    load_graph,
+    no_recompute_saved_bytes,
+    total_cost,
+)
 from solvers import registry
-from solvers.checkmate import (GraphLoadError, compute_overhead_percent, graph_files, graph_name,
-                               load_graph, no_recompute_saved_bytes, total_cost)
 from solvers.problem import Problem, Role, Status, check_plan
 
 # shipped with the project (configs/data/checkmate/README.md says where they come from)
@@ -216,7 +223,7 @@ def test_peak_budgets_on_published_graphs() -> None:
     """At m x the no-recompute step peak, the peak model's plans fit by exact simulation; on
     FCN8 and ResNet50 they reach the published optima's compute overheads (their model allows
     more schedules, so theirs are lower bounds for ours)."""
-    from solvers.checkmate import compute_overhead_percent
+    from opt_remat.formats.checkmate_graph import compute_overhead_percent
     from solvers.liveness import simulate_plan
     from solvers.peak import solve_peak
     from solvers.registry import solve

@@ -14,9 +14,9 @@ import torch
 
 import opt_remat
 from opt_remat.cli import main
+from opt_remat.errors import PlanMismatchError
 from opt_remat.models import mlp
 from opt_remat.verify import compare_steps, save_all_backend, training_step
-from solvers.plans_io import PlanMismatchError
 
 TINY = """\
 model:
@@ -140,8 +140,7 @@ def test_memory_plot_legends_stay_in_their_panel_with_units():
 
 
 def _problem_of(out: Path):
-    from opt_remat.runs import load_config
-    from opt_remat.runs import materialize
+    from opt_remat.runs import load_config, materialize
     return materialize(load_config(out.parent / "tiny.yaml")).problem
 
 
@@ -301,14 +300,15 @@ def test_solve_errors(tiny_run, tmp_path, capsys):
 
 
 def test_graph_file_config(tmp_path, monkeypatch, capsys):
-    """model: {graph: PATH} loads a published graph through solvers.checkmate: no capture, no verification."""
-    from solvers.random_problems import random_problem
+    """model: {graph: PATH} loads a published graph through opt_remat.formats.checkmate_graph: no capture,
+    no verification."""
+    from support.random_problems import random_problem
 
-    fake = types.ModuleType("solvers.checkmate")
+    fake = types.ModuleType("opt_remat.formats.checkmate_graph")
     fake.load_graph = lambda p: random_problem(3, n_forward=10, n_backward=8, ban_prob=0.0)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "solvers.checkmate", fake)
-    import solvers
-    monkeypatch.setattr(solvers, "checkmate", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "opt_remat.formats.checkmate_graph", fake)
+    import opt_remat.formats
+    monkeypatch.setattr(opt_remat.formats, "checkmate_graph", fake, raising=False)
     (tmp_path / "graphs").mkdir()
     (tmp_path / "graphs" / "g.json").write_text("{}")
     cfg = tmp_path / "conf" / "g.yaml"
@@ -425,8 +425,7 @@ def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
 def test_peak_budgets_in_a_run(tmp_path, capsys):
     # a peak budget between the floor and the least-recompute plan's peak (the peak-aware solvers
     # meet it, the others are skipped), and one below the floor (a clear infeasible record)
-    from opt_remat.runs import load_config
-    from opt_remat.runs import materialize
+    from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
     from solvers.registry import solve
 

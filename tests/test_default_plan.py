@@ -7,11 +7,11 @@ import dataclasses
 import warnings
 
 import pytest
+from support.brute_force import Enumeration
+from support.random_problems import random_problem
 
 import opt_remat.solve as solve_stage
 from solvers import Status, check_plan
-from solvers.brute_force import Enumeration
-from solvers.random_problems import random_problem
 from solvers.registry import solve
 
 

@@ -6,6 +6,7 @@ solves a looser budget never gets a costlier plan, or a refusal, where a tighter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.random_problems import random_problem, repeated_problem
 
 from opt_remat import plan_memory
 from opt_remat.plan_memory import GraphKey
@@ -15,7 +16,6 @@ from solvers.fast_peak import fast_peak_plan
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.peak import PeakInfeasibleError
 from solvers.problem import check_plan
-from solvers.random_problems import random_problem, repeated_problem
 
 
 def _key(problem, tag=""):

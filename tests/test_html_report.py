@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from opt_remat.cli import main
+from opt_remat.formats.plan_file import read_plan_file
 from opt_remat.runs import load_config, materialize
 from opt_remat.runs.html_data import TOP_LIVE, load_run
 from opt_remat.runs.html_page import page_data
 from solvers.liveness import simulate_plan
-from solvers.plans_io import read_plan_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = """\

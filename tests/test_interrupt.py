@@ -41,12 +41,12 @@ def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> str:
 
 
 def test_sigint_stops_a_cpsat_solve_with_its_best_plan(tmp_path):
-    script = textwrap.dedent("""
+    script = f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})  # the tests' fixtures\n" + textwrap.dedent("""
         from solvers import check_plan, interrupt
         from solvers.liveness import simulate_plan
         from solvers.mincut import solve_mincut
         from solvers.peak import solve_peak
-        from solvers.random_problems import random_problem
+        from support.random_problems import random_problem
         p = random_problem(1, n_forward=150, n_backward=150, view_prob=0.2, max_fanin=3, integer_costs=False)
         budget = int(0.8 * simulate_plan(p, solve_mincut(p, 1e12).saved).peak)
         print("solving", flush=True)

@@ -14,10 +14,10 @@ import solvers.mip_cpsat as mip_cpsat
 import solvers.mip_milp as mip_milp
 import solvers.mip_model as mip_model
 from solvers import InfeasibleError, Node, Problem, Role, Status, check_plan, recompute_closure
-from solvers.brute_force import Enumeration, brute_force
+from support.brute_force import Enumeration, brute_force
 from solvers.mincut import mincut_under_budget
 from solvers.mip import BudgetInfeasibleError, solve_mip
-from solvers.random_problems import random_problem
+from support.random_problems import random_problem
 from solvers.registry import available, solve
 
 ENGINES = ("cpsat", "cbc", "highs")

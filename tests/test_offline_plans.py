@@ -11,13 +11,14 @@ import torch
 import opt_remat
 from opt_remat.build import problem_from_joint
 from opt_remat.capture import capture_graphs
+from opt_remat.errors import PlanMismatchError
+from opt_remat.formats.plan_file import read_plan_file
 from opt_remat.memory import PeakMeter
 from opt_remat.models import Llama
 from opt_remat.plans import entry_for, write_plan_file
 from opt_remat.solve import choose_peak_plan, choose_plan, resolve_budget
 from opt_remat.verify import compare_steps, default_loss, save_all_backend
 from solvers.liveness import simulate_plan
-from solvers.plans_io import PlanMismatchError, read_plan_file
 
 SEQ = 32
 

@@ -8,17 +8,26 @@ import random
 
 import pytest
 import torch
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from liveness_reference import (  # tests/
+    backward_schedule as reference_backward_schedule,
+)
+from liveness_reference import reference_simulation
+from support.random_problems import random_problem
 
 import opt_remat
 from opt_remat.memory import PeakMeter, simulate
 from opt_remat.models import example_inputs, gpt2, llama
-from opt_remat.verify import compare_steps, default_loss, save_all_backend, training_step
+from opt_remat.verify import (
+    compare_steps,
+    default_loss,
+    save_all_backend,
+    training_step,
+)
 from solvers import Problem, Status, check_plan, plan_from_saved, recompute_closure
 from solvers.liveness import simulate_plan
-from liveness_reference import backward_schedule as reference_backward_schedule, reference_simulation  # tests/
 from solvers.peak import PeakInfeasibleError, solve_peak
-from solvers.random_problems import random_problem
 
 
 def _problem(seed):
@@ -279,9 +288,10 @@ def test_infeasible_peak_names_the_floor():
 
 
 def test_checkpoint_starts_on_repeated_blocks():
+    from support.random_problems import repeated_problem
+
     from solvers.liveness import narrow_cut_values
     from solvers.peak.candidates import checkpoint_plans
-    from solvers.random_problems import repeated_problem
     for seed in range(6):
         p = repeated_problem(seed, layers=6, per_layer=5)
         values = narrow_cut_values(p)

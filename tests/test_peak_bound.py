@@ -13,7 +13,7 @@ from solvers.peak import PeakInfeasibleError, solve_peak
 from solvers.peak.rows import peak_rows, relaxed_live
 from solvers.peak.relaxation import solve_relaxation
 from solvers.problem import Node, PlanError, Role, Status, plan_from_saved
-from solvers.random_problems import random_problem
+from support.random_problems import random_problem
 
 
 def _problem(seed, multi_output_prob=0.25, view_prob=0.2):

@@ -3,12 +3,13 @@ layered graphs grafting a cheap plan that overshoots onto a fitting one finds ch
 
 import random
 
+from support.random_problems import random_problem, repeated_problem
+
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
 from solvers.peak.candidates import checkpoint_plans
 from solvers.peak.graft import graft_plans
 from solvers.problem import check_plan
-from solvers.random_problems import random_problem, repeated_problem
 
 
 def test_grafts_fit_and_are_valid_plans():

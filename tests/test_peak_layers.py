@@ -2,11 +2,12 @@
 position, every plan returned is valid and fits by the exact simulation, and mixing the layers of
 a cheap plan that overshoots with checkpointing's finds cheaper plans that fit."""
 
+from support.random_problems import random_problem, repeated_problem
+
 from solvers.baselines import save_all, uniform_checkpoints
 from solvers.liveness import simulate_plan
 from solvers.peak.layers import find_layers, layer_plans
 from solvers.problem import check_plan
-from solvers.random_problems import random_problem, repeated_problem
 
 
 def test_layers_found_position_by_position():

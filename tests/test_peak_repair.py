@@ -5,11 +5,12 @@ simulated exactly, costs less than asked, and never less than the cheapest plan 
 import itertools
 import math
 
+from support.random_problems import random_problem, repeated_problem
+
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
 from solvers.peak.repair import repair_overshoot
 from solvers.problem import Status, check_plan, plan_from_saved, recompute_closure
-from solvers.random_problems import random_problem, repeated_problem
 
 
 def _cheapest_fitting_cost(p, peak_budget):

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from solvers import InfeasibleError, Node, Plan, Problem, ProblemError, Role, Status, check_plan
-from solvers.brute_force import brute_force
+from support.brute_force import brute_force
 from solvers.budget import Fraction, parse_budget
 from solvers.mincut import cut_objective, mincut_under_budget, solve_mincut
-from solvers.random_problems import random_problem
+from support.random_problems import random_problem
 
 
 @settings(max_examples=150, deadline=None)

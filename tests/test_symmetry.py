@@ -6,12 +6,12 @@ import math
 import pickle
 
 import pytest
+from support.brute_force import Enumeration
+from support.random_problems import repeated_problem
 
 from solvers import check_plan
-from solvers.brute_force import Enumeration
 from solvers.mip import solve_mip
 from solvers.mip_model import build_model, presolve, tie
-from solvers.random_problems import repeated_problem
 from solvers.symmetry import find_repeated
 
 
@@ -33,7 +33,7 @@ def test_groups_are_one_position_across_layers(seed):
 def test_ties_on_unstructured_graphs_still_give_valid_plans():
     # random graphs have no repeated blocks: nothing (or little, by chance) is tied, and the
     # answer stays a valid plan within the budget, optimal when nothing was tied
-    from solvers.random_problems import random_problem
+    from support.random_problems import random_problem
     for seed in range(30):
         problem = random_problem(seed, n_forward=10, view_prob=0.2)
         every = Enumeration(problem)  # enumerated once, asked for each budget

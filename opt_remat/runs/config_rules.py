@@ -197,9 +197,9 @@ def _check_graph(cfg: Config) -> None:
         raise cfg.error(("model", "graph"), f"graph file {str(gpath)!r} not found; expected a "
                                             "Checkmate graph JSON (relative paths start at the config's folder)")
     try:
-        importlib.import_module("solvers.checkmate")
+        importlib.import_module("opt_remat.formats.checkmate_graph")
     except ImportError:
-        raise cfg.error(("model", "graph"), "loading Checkmate graphs needs solvers.checkmate, "
+        raise cfg.error(("model", "graph"), "loading Checkmate graphs needs opt_remat.formats.checkmate_graph, "
                                             "which this install does not have") from None
 
 

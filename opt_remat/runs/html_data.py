@@ -16,9 +16,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 from solvers import Problem
 from solvers.liveness import simulate_plan
-from solvers.plans_io import PlanMismatchError, read_plan_file
 from solvers.problem import Node, Role
 
+from ..errors import OptRematError, PlanMismatchError
+from ..formats.plan_file import read_plan_file
 from .plan_files import clean_module, short_op
 from .results import Record, read_results
 
@@ -28,7 +29,7 @@ TOP_LIVE = 6  # the largest live buffers a hover names; the others are counted
 TAGS = {"a": "activation", "s": "saved", "r": "recomputed", "g": "gradient", "t": "backward temporary"}
 
 
-class ReportError(ValueError):
+class ReportError(OptRematError, ValueError):
     """A folder that holds no run to report on."""
 
 

@@ -1,5 +1,5 @@
 """Plan files of a run (``OUT/plans/``, ``opt-remat solve -o``): each plan with what ``opt-remat
-show`` prints about its values, and what the plans were made for. The format is ``solvers.plans_io``."""
+show`` prints about its values, and what the plans were made for. The format is ``opt_remat.formats.plan_file``."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
 def plan_entry(work: Workload, plan: Plan, **extra: Any) -> dict[str, Any]:
     """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints."""
     from solvers.liveness import simulate_plan
-    from solvers.plans_io import graph_entry
+
+    from ..formats.plan_file import graph_entry
 
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
     curve = simulate_plan(work.problem, plan.saved)
@@ -72,8 +73,7 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
 
 def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan], **extra: Any) -> None:
     """A plan file holding one plan per captured graph (``extra`` goes into each entry)."""
-    from solvers.plans_io import plan_document
-
+    from ..formats.plan_file import plan_document
     from ..plans import versions
 
     entries = [plan_entry(w, p, **extra) for w, p in zip(works, plans)]

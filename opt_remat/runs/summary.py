@@ -148,7 +148,8 @@ def memory_curves(problem: Problem, records: Sequence[Record], out_dir: Path,
     read back from their files, so resumed results are plotted too). ``forward_ends`` (if given)
     gets each curve's number of forward steps; ``peak_gradients`` the gradient bytes in its peak."""
     from solvers.liveness import simulate_plan
-    from solvers.plans_io import read_plan_file
+
+    from ..formats.plan_file import read_plan_file
 
     curves: dict[str, dict[str, list[int]]] = {}
     for rec in records:

@@ -9,8 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..errors import OptRematError
 
-class RunError(RuntimeError):
+
+class RunError(OptRematError, RuntimeError):
     """A run that cannot go on (not a configuration error)."""
 
 

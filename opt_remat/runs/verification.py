@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from solvers import Plan
-from solvers.plans_io import graph_hash
 
+from ..formats.plan_file import graph_hash
 from .config import Config
 from .util import RunError, quiet_torch
 from .workload import Workload

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from solvers import Problem
-from solvers.plans_io import graph_hash, values_of_problem
 
+from ..formats.plan_file import graph_hash, values_of_problem
 from .config import FLOAT_DTYPES, BudgetSpec, Config
 from .util import first_line, quiet_torch
 
@@ -109,7 +109,7 @@ def materialize_all(cfg: Config) -> list[Workload]:
     profile = get_profile(cfg.device)
     if cfg.is_graph:
         import importlib
-        checkmate = importlib.import_module("solvers.checkmate")
+        checkmate = importlib.import_module("opt_remat.formats.checkmate_graph")
         try:
             problem = checkmate.load_graph(cfg.graph_path)
         except Exception as exc:

@@ -8,8 +8,10 @@ from typing import Any, Sequence
 
 import yaml
 
+from ..errors import OptRematError
 
-class ConfigError(ValueError):
+
+class ConfigError(OptRematError, ValueError):
     """Bad configuration input; ``str()`` is one line naming the place, the field and what was expected."""
 
     def __init__(self, where: str, field_name: str, message: str) -> None:

@@ -7,7 +7,8 @@ the cheap candidates (``candidates.py``), repairs, grafts, the layer mix and the
 (``repair.py``, ``graft.py``, ``layers.py``, ``search.py``). Time shares live in ``settings.py``.
 """
 
-from .candidates import PeakInfeasibleError, mincut_under_peak
+from ..errors import PeakInfeasibleError
+from .candidates import mincut_under_peak
 from .solve import solve_peak
 
 __all__ = ["PeakInfeasibleError", "mincut_under_peak", "solve_peak"]

@@ -11,30 +11,8 @@ from typing import Iterable
 from ..blocks import find_blocks
 from ..budget import format_bytes
 from ..liveness import narrow_cut_values, peak_lower_bound, simulate_plan, without_gradients
-from ..mincut import InfeasibleError
-from ..problem import Plan, PlanError, Problem, Role, Status, plan_from_saved, recompute_closure
-
-
-class PeakInfeasibleError(InfeasibleError):
-    """No plan keeps the step's peak under the budget; says the smallest peak found and the floor
-    no plan can go below (``solvers.liveness.peak_lower_bound``)."""
-
-    def __init__(self, peak_budget: int, min_peak: int | None, proven: bool,
-                 floor: int | None = None, *, infeasible_proven: bool = False) -> None:
-        self.peak_budget = peak_budget
-        self.min_peak = min_peak
-        self.floor = floor
-        self.min_feasible_bytes = None
-        self.infeasible_proven = infeasible_proven
-        proven = proven or (min_peak is not None and min_peak == floor)
-        what = "the smallest peak" if proven else "the smallest peak found"
-        bound = (f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)"
-                 if floor is not None and not proven else "")
-        why = " (proven: no plan fits the relaxation)" if infeasible_proven else ""
-        super().__init__(
-            f"peak budget {format_bytes(peak_budget)} is infeasible{why}: {what} of any plan is "
-            f"{format_bytes(min_peak)}{'' if proven else ' (not proven minimal in the time limit)'}{bound}; "
-            f"raise peak_budget to at least {min_peak} bytes")
+from ..errors import InfeasibleError, PeakInfeasibleError, PlanError
+from ..problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
 
 
 def frontier_plans(problem: Problem) -> list[tuple[Plan, int]]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
+from ..errors import PlanError
 from ..liveness import simulate_plan
-from ..problem import Plan, PlanError, Problem, Status, plan_from_saved
+from ..problem import Plan, Problem, Status, plan_from_saved
 
 
 def _graft(problem: Problem, fitting: frozenset[str], cheap: frozenset[str], cut: int,

@@ -31,8 +31,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..errors import PlanError
 from ..liveness import MemoryCurve, simulate_plan
-from ..problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
+from ..problem import Plan, Problem, Role, Status, plan_from_saved
 
 # at most this many options (distinct layers) are measured, the most frequent first
 MAX_OPTIONS = 60

@@ -46,9 +46,10 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
                                        probing=probing)
 
+    from ..errors import PlanError
     from ..mip_cpsat import CostScale, solve_cpsat
     from ..mip_model import hint_from_plan, normalize_saved
-    from ..problem import PlanError, Status, plan_from_saved
+    from ..problem import Status, plan_from_saved
 
     hint = None
     if hint_saved is not None:

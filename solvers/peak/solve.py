@@ -24,9 +24,10 @@ from typing import Iterable
 
 from .. import interrupt, progress
 from ..budget import format_bytes
+from ..errors import PeakInfeasibleError
 from ..liveness import peak_lower_bound, without_gradients
 from ..problem import Plan, Problem, Status
-from .candidates import PeakInfeasibleError, caller_plans, frontier_plans
+from .candidates import caller_plans, frontier_plans
 from .schedule import run_schedule
 from .settings import DEFAULT_GAP
 from .state import Clock, PeakState

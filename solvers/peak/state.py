@@ -13,9 +13,10 @@ import time
 from typing import Any, Iterable
 
 from .. import interrupt, progress
+from ..errors import PlanError
 from ..liveness import MemoryCurve, simulate_plan
 from ..mip_model import build_model, presolve
-from ..problem import Plan, PlanError, Problem, Status, plan_from_saved
+from ..problem import Plan, Problem, Status, plan_from_saved
 from .cuts import CutContext
 from .relaxation import Relaxed, solve_relaxation
 from .repair import repair_overshoot

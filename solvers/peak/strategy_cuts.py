@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..liveness import MemoryCurve, peak_lower_bound
 from ..problem import Plan
 from . import strategy_graft
-from .candidates import PeakInfeasibleError
+from ..errors import PeakInfeasibleError
 from .cuts import violated_steps
 from .rows import relaxed_live
 from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,

@@ -4,8 +4,8 @@ optimal up to HiGHS's gap) or nearly fits (then ``offer`` repairs it)."""
 
 from __future__ import annotations
 
+from ..errors import PeakInfeasibleError
 from ..liveness import peak_lower_bound
-from .candidates import PeakInfeasibleError
 from .state import PeakState
 
 
