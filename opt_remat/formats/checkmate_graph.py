@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from solvers.baselines import save_all
 from solvers.errors import ProblemError
 from solvers.problem import Node, Problem, Role
 
@@ -242,8 +243,6 @@ def no_recompute_saved_bytes(problem: Problem) -> int:
 
     The reference for budget fractions (``m`` x this), as Checkmate's no-recomputation schedule.
     """
-    from .baselines import save_all  # imported here: baselines pulls in the solver registry
-
     return save_all(problem).saved_bytes
 
 
