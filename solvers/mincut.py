@@ -18,7 +18,7 @@ import numpy as np
 
 from .budget import format_bytes
 from .problem import Plan, Problem, Role, Status, plan_from_saved
-from .registry import register
+from .options import MincutOptions
 
 _INF_BITS = 40  # finite capacities are scaled to sum to at most 2**40; infinity is 2**42
 
@@ -198,10 +198,9 @@ def mincut_under_budget(problem: Problem, budget: int, *, backend: str = "ortool
                 budget=budget, extra={"lam": best.extra.get("lam"), "backend": backend})
 
 
-@register("mincut")
-def _mincut_entry(problem: Problem, budget: int | None, *, lam: float | None = None,
-                  backend: str = "ortools") -> Plan:
-    """Without a budget: the exact cut at ``lam`` (default 0); with one: the ``lam`` search."""
+def run_mincut(problem: Problem, budget: int | None, options: MincutOptions) -> Plan:
+    """Solver ``mincut``: without a budget, the exact cut at ``lam`` (default 0); with one, the
+    ``lam`` search."""
     if budget is None:
-        return solve_mincut(problem, 0.0 if lam is None else lam, backend=backend)
-    return mincut_under_budget(problem, budget, backend=backend)
+        return solve_mincut(problem, 0.0 if options.lam is None else options.lam, backend=options.backend)
+    return mincut_under_budget(problem, budget, backend=options.backend)
