@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from solvers import catalog
 from solvers.options import MincutOptions
@@ -26,7 +27,7 @@ def possible_modes(budget: Any, peak_budget: Any) -> tuple[str, ...]:
     return (catalog.SAVED,) if budget is not None else (catalog.FREE, catalog.SAVED)
 
 
-def mode_of(budget: int | float | str | None, peak_budget: int | None) -> str:
+def mode_of(budget: float | str | None, peak_budget: int | None) -> str:
     """The mode of one solve."""
     if peak_budget is not None:
         return catalog.PEAK

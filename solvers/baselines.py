@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 
 from .blocks import block_boundaries, boundary_groups  # noqa: F401 (block_boundaries: re-exported)
 from .budget import format_bytes
 from .mincut import InfeasibleError, lam_range, solve_mincut
-from .problem import Plan, PlanError, Problem, Role, Status, plan_from_saved
 from .options import DpOptions
+from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
 BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")
 
@@ -164,8 +164,8 @@ def dp_knapsack(weights: Sequence[float], values: Sequence[float], capacity: flo
         return list(range(n))
     if unit <= 0:
         raise ValueError(f"unit must be > 0, got {unit}")
-    q_cap = int(math.floor(capacity / unit + 1e-9))
-    q_w = [int(math.ceil(w / unit - 1e-9)) if w > 0 else 0 for w in weights]
+    q_cap = math.floor(capacity / unit + 1e-9)
+    q_w = [math.ceil(w / unit - 1e-9) if w > 0 else 0 for w in weights]
     best = np.zeros(q_cap + 1, dtype=np.float64)
     took = np.zeros((n, (q_cap + 8) // 8), dtype=np.uint8)  # packed bits, one row per item
     for i, (w, v) in enumerate(zip(q_w, values)):

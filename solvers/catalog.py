@@ -23,20 +23,41 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from . import fast_peak, mip
-from .baselines import inputs_only, knapsack_baseline, save_all, sqrt_checkpoint, uniform_checkpoint
+from .baselines import (
+    inputs_only,
+    knapsack_baseline,
+    save_all,
+    sqrt_checkpoint,
+    uniform_checkpoint,
+)
 from .mincut import run_mincut
-from .options import (FREE, MODES, PEAK, SAVED, CpsatOptions, DefaultOptions, DpOptions, MilpOptions,
-                      MincutOptions, NoOptions, PeakSearchOptions, SearchOptions, UniformOptions, describe,
-                      value_error)
+from .options import (
+    FREE,
+    MODES,
+    PEAK,
+    SAVED,
+    CpsatOptions,
+    DefaultOptions,
+    DpOptions,
+    MilpOptions,
+    MincutOptions,
+    NoOptions,
+    PeakSearchOptions,
+    SearchOptions,
+    UniformOptions,
+    describe,
+    value_error,
+)
 from .peak import peak_search
 from .problem import Plan, Problem
 from .progress import report
 
-__all__ = ["FREE", "SAVED", "PEAK", "MODES", "describe"]
+__all__ = ["FREE", "MODES", "PEAK", "SAVED", "describe"]
 
 MODE_WORDS = {FREE: "without a budget", SAVED: "under a saved-bytes budget", PEAK: "under a peak budget"}
 DEFAULT = "default"  # what runs when no solver is named

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .budget import format_bytes
-from .problem import Plan, Problem, Role, Status, plan_from_saved
 from .options import MincutOptions
+from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 _INF_BITS = 40  # finite capacities are scaled to sum to at most 2**40; infinity is 2**42
 
@@ -68,7 +68,7 @@ def _network(problem: Problem, lam: float) -> _FlowNetwork:
 
 
 def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
-    from ortools.graph.python import max_flow
+    from ortools.graph.python import max_flow  # type: ignore[import-untyped]
 
     finite = [c for c in net.capacities if not math.isinf(c)]
     total = sum(finite)
@@ -77,7 +77,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
     scale = 1.0 if (integral and total <= limit) else (limit / total if total > 0 else 1.0)
     inf = 2 ** (_INF_BITS + 2)  # above any sum of rounded finite capacities (<= limit + #arcs)
     caps = np.fromiter(
-        (inf if math.isinf(c) else int(round(c * scale)) for c in net.capacities),
+        (inf if math.isinf(c) else round(c * scale) for c in net.capacities),
         dtype=np.int64, count=len(net.capacities),
     )
     flow = max_flow.SimpleMaxFlow()
@@ -92,7 +92,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
 
 
 def _cut_networkx(net: _FlowNetwork) -> tuple[float, set[int]]:
-    import networkx as nx
+    import networkx as nx  # type: ignore[import-untyped]
 
     g = nx.DiGraph()
     g.add_nodes_from([net.source, net.sink])

@@ -31,17 +31,25 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from . import interrupt
 from .budget import format_bytes
 from .mincut import InfeasibleError
-from .mip_cpsat import CostScale, EngineResult, Solved, run_cpsat, saved_set, solve_cpsat
+from .mip_cpsat import (
+    CostScale,
+    EngineResult,
+    Solved,
+    run_cpsat,
+    saved_set,
+    solve_cpsat,
+)
 from .mip_milp import solve_milp
-from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
+from .mip_model import Model, build_model, hint_from_plan, normalize_saved, tie
+from .mip_model import presolve as presolve_model
 from .mip_warm import WarmStart, better, warm_start
 from .options import CpsatOptions, MilpOptions
 from .problem import Plan, Problem, Status, plan_from_saved
@@ -142,14 +150,14 @@ def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan |
 
 
 
-def _checked_budget(budget: int | float | None) -> int | None:
+def _checked_budget(budget: float | None) -> int | None:
     """``budget`` as int bytes; ValueError naming the fix for a bad one."""
     if budget is None:
         return None
     if isinstance(budget, float) and budget.is_integer():
         budget = int(budget)
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise ValueError(f"budget must be an integer number of bytes or None, got {budget!r}")
+        raise ValueError(f"budget must be an integer number of bytes or None, got {budget!r}")  # noqa: TRY004
     if budget < 0:
         raise ValueError(f"budget must be >= 0 bytes, got {budget}")
     return int(budget)
@@ -164,8 +172,8 @@ def _refute_infeasible(model: Model, warm: WarmStart, budget: int | None, solved
     error."""
     if warm.plan is not None:
         return (Solved(EngineResult("unknown", None, None, solved.result.detail), None, None, False),
-                f"{engine} reported the budget infeasible although a min-cut plan fits it "
-                "(CBC does so when its time limit cuts preprocessing short)")
+                (f"{engine} reported the budget infeasible although a min-cut plan fits it "
+                "(CBC does so when its time limit cuts preprocessing short)"))
     if budget is None or warm.min_bytes is not None:  # both were caught earlier
         raise InfeasibleError("no valid plan (the solver proved the model infeasible)")
     mb = _min_feasible_bytes(model, time_limit_s=max(deadline - time.perf_counter(), 1.0),
@@ -223,7 +231,10 @@ def _lagrangian(warm: WarmStart, scale: CostScale) -> float:
     return lagrangian
 
 
-def solve_mip(problem: Problem, budget: int | None, options: CpsatOptions = CpsatOptions(), *,
+_DEFAULTS = CpsatOptions()
+
+
+def solve_mip(problem: Problem, budget: int | None, options: CpsatOptions = _DEFAULTS, *,
               presolve: bool = True, node_limit: int | None = None, tie_break: bool = True) -> Plan:
     """The least-recompute plan whose saved bytes fit ``budget`` (None: no limit), by a MIP:
     solvers "cpsat" (``CpsatOptions``: OR-Tools CP-SAT) and "milp" (``MilpOptions``: its

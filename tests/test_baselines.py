@@ -77,7 +77,7 @@ def test_budget_respected_or_reported(problem: Problem, fraction: float) -> None
             assert str(plan.saved_bytes) in plan.message
         else:
             assert plan.status is Status.HEURISTIC
-            res = check_plan(problem, plan, budget)
+            res = check_plan(problem, plan, budget=budget)
             assert res.valid, (name, res.errors)
 
 
@@ -85,7 +85,7 @@ def test_budget_respected_or_reported(problem: Problem, fraction: float) -> None
 @given(problems(), fractions)
 def test_never_better_than_brute_force(problem: Problem, fraction: float) -> None:
     budget = budget_for(problem, fraction)
-    best = brute_force(problem, budget)
+    best = brute_force(problem, budget=budget)
     for name in BASELINES:
         plan = catalog.solve(problem, name, budget)
         if plan.status is Status.INFEASIBLE:
@@ -110,7 +110,7 @@ def test_never_better_than_mip(problem: Problem, fraction: float) -> None:
         if exact is None:  # a baseline fits, so the exact solver must find a fitting optimum
             exact = catalog.solve(problem, "cpsat", budget)
             assert exact.status is Status.OPTIMAL, exact.message
-            assert check_plan(problem, exact, budget).valid
+            assert check_plan(problem, exact, budget=budget).valid
         assert exact.recompute_cost <= plan.recompute_cost + 1e-6 * max(1.0, plan.recompute_cost), name
 
 
@@ -217,7 +217,7 @@ def test_dp_quantization_option(problem: Problem, fraction: float, quantization:
     budget = budget_for(problem, fraction)
     plan = catalog.solve(problem, "dp", budget, DpOptions(quantization=quantization))
     assert check_plan(problem, plan).valid
-    assert plan.status is Status.INFEASIBLE or check_plan(problem, plan, budget).valid
+    assert plan.status is Status.INFEASIBLE or check_plan(problem, plan, budget=budget).valid
 
 
 def test_knapsack_without_budget_is_memory_max_plan() -> None:
@@ -283,7 +283,6 @@ def test_uniform_picks_best_spacing_under_budget(problem: Problem, fraction: flo
 
 
 def test_bad_options() -> None:
-    p = _chain(4)
     with pytest.raises(ValueError, match="every=0.*expected an integer >= 1"):
         catalog.check_options("uniform", {"every": 0}, [SAVED])
     with pytest.raises(ValueError, match="quantization=0.*expected an integer >= 1"):

@@ -20,8 +20,8 @@ with recomputation just in time; values freed after their last use). ``peak_sear
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from .. import interrupt, progress
 from ..budget import format_bytes
@@ -32,9 +32,11 @@ from .candidates import PeakInfeasibleError, caller_plans, frontier_plans
 from .schedule import run_schedule
 from .state import Clock, PeakState
 
+_DEFAULTS = PeakSearchOptions()
+
 
 def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
-                options: PeakSearchOptions = PeakSearchOptions(), *,
+                options: PeakSearchOptions = _DEFAULTS, *,
                 candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
     proven lower bound on the cost of every such plan (``plan.bound``; the gap in
