@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .blocks import block_boundaries, boundary_groups  # noqa: F401 (block_boundaries: re-exported)
+from .blocks import boundary_groups
 from .budget import format_bytes
 from .mincut import InfeasibleError, lam_range, solve_mincut
 from .options import DpOptions

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from solvers import catalog
-from solvers.options import SAVED, DpOptions
-from solvers.baselines import (BASELINES, block_boundaries, dp_knapsack, greedy_knapsack,
-                               inputs_only, knapsack_baseline, knapsack_setup, save_all,
-                               sqrt_checkpoint, uniform_checkpoint)
+from solvers.baselines import (BASELINES, dp_knapsack, greedy_knapsack, inputs_only, knapsack_baseline,
+                               knapsack_setup, save_all, sqrt_checkpoint, uniform_checkpoint)
+from solvers.blocks import block_boundaries
 from solvers.brute_force import brute_force
 from solvers.mincut import InfeasibleError
+from solvers.options import SAVED, DpOptions
 from solvers.problem import Node, Plan, Problem, Role, Status, check_plan
 from solvers.random_problems import random_problem
 

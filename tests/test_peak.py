@@ -309,7 +309,7 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     assert found <= min(peak for _, peak in frontier_plans(problem))
     # the checkpointing baselines find the blocks from the module paths (weights and rotary tables
     # enter every block, so no value dominates): they save some, and peak far below saving nothing
-    from solvers.baselines import block_boundaries
+    from solvers.blocks import block_boundaries
     from solvers.catalog import solve
     bounds, mode = block_boundaries(problem)
     assert mode == "modules" and len(bounds) >= 4
