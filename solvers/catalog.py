@@ -90,6 +90,7 @@ class Solver:
         return [f.name for f in dataclasses.fields(self.options) if mode in f.metadata["modes"]]
 
     def supports(self, mode: str) -> bool:
+        """Whether the solver, or the one it names there, solves in ``mode``."""
         return mode in self.modes or (mode == PEAK and self.peak_alias is not None)
 
 
@@ -101,7 +102,6 @@ def _fast_default(problem: Problem, peak_budget: int, budget: int | None, option
 
 
 _BASELINE = (FREE, SAVED)
-_SEARCH = "the peak search (HiGHS relaxation and cut rounds, local search)"
 CATALOG: dict[str, Solver] = {s.name: s for s in (
     Solver(DEFAULT, "what runs when no solver is named: without a budget, the min-cut plan at lam; "
            "under a saved-bytes budget, the least-recompute plan proven by HiGHS (node and time "
@@ -115,7 +115,8 @@ CATALOG: dict[str, Solver] = {s.name: s for s in (
            "'peak-search'", CpsatOptions, _BASELINE, run=mip.solve_mip, peak_alias="peak-search"),
     Solver("milp", "the same 0-1 program by PuLP/CBC or HiGHS; under a peak budget, a name for "
            "'peak-search'", MilpOptions, _BASELINE, run=mip.solve_mip, peak_alias="peak-search"),
-    Solver("peak-search", _SEARCH + ", with a proven lower bound and gap", PeakSearchOptions, (PEAK,),
+    Solver("peak-search", "the peak search: a proven lower bound from HiGHS's relaxation and cut "
+           "rounds, plans judged by simulation, local search; stops at its gap", PeakSearchOptions, (PEAK,),
            run_peak=peak_search),
     Solver("greedy", "knapsack baseline: values by recompute cost per byte", NoOptions, _BASELINE,
            run=lambda problem, budget, options: knapsack_baseline(problem, budget, solver="greedy")),
