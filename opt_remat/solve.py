@@ -74,9 +74,9 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
     ``solver`` None, ``"default"`` or ``"mincut"``: the fast default (``solvers.fast_peak``);
     ``"peak-search"``, ``"cpsat"`` or ``"milp"``: the search with a proven gap. ``default_lam``:
-    the min-cut plan at that ``lam`` (the default path's plan) is a candidate. ``memory``: plans remembered from earlier solves of the graph
-    (``opt_remat.plan_memory``) are candidates, one that fits and costs less wins, and the plan
-    returned is remembered."""
+    the min-cut plan at that ``lam`` (the default path's plan) is a candidate. ``memory``: plans
+    remembered from earlier solves of the graph (``opt_remat.plan_memory``) are candidates, one
+    that fits and costs less wins, and the plan returned is remembered."""
     options = dict(options or {})
     interrupt.clear()
     remembered = recall(memory)
