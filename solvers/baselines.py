@@ -27,8 +27,6 @@ from .mincut import InfeasibleError, lam_range, solve_mincut
 from .options import DpOptions
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
-BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")
-
 
 # ---- shared helpers ---------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from solvers import catalog
-from solvers.baselines import (BASELINES, dp_knapsack, greedy_knapsack, inputs_only, knapsack_baseline,
+from solvers.baselines import (dp_knapsack, greedy_knapsack, inputs_only, knapsack_baseline,
                                knapsack_setup, save_all, sqrt_checkpoint, uniform_checkpoint)
 from solvers.blocks import block_boundaries
 from solvers.brute_force import brute_force
@@ -20,6 +20,8 @@ from solvers.mincut import InfeasibleError
 from solvers.options import SAVED, DpOptions
 from solvers.problem import Node, Plan, Problem, Role, Status, check_plan
 from solvers.random_problems import random_problem
+
+BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
