@@ -27,7 +27,6 @@ from .mincut import InfeasibleError, lam_range, solve_mincut
 from .options import DpOptions
 from .problem import Plan, PlanError, Problem, Status, plan_from_saved
 
-
 # ---- shared helpers ---------------------------------------------------------------------------
 
 def _mincut(problem: Problem, lam: float) -> Plan:

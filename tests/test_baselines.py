@@ -51,7 +51,7 @@ def budget_for(problem: Problem, fraction: float) -> int:
 fractions = st.floats(0.0, 1.3, allow_nan=False)
 
 
-def test_all_registered() -> None:
+def test_all_in_the_catalog() -> None:
     assert all(catalog.info(name).run is not None for name in BASELINES)
 
 
