@@ -248,20 +248,18 @@ def solve_mip(problem: Problem, budget: int | None, options: CpsatOptions = _DEF
     budget come from the exact min-cut at ``lam = 0`` without shared storages, else from a CP-SAT
     solve.
 
-    ``options.symmetry``: "none"; "tie" solves the smaller problem with one decision per group of
-    values that repeated layers make interchangeable (``solvers.symmetry``; the last layer stays
-    free to use what whole-layer steps leave of the budget), exactly for that restricted
-    problem (the plan is valid but its status is never "optimal"; the full problem is solved
-    instead if the tied one admits no plan); "warm" solves the tied problem in up to a third of
-    the time and starts the full solve from its plan when that beats the min-cut warm start.
+    ``options.symmetry``: "none"; "tie" solves exactly the smaller problem with one decision per
+    group of values that repeated layers make interchangeable (``solvers.symmetry``; the last layer
+    stays free), its plan valid but never "optimal" (the full problem is solved if the tied one
+    admits no plan); "warm" solves the tied problem in up to a third of the time and starts the
+    full solve from its plan when that beats the min-cut warm start.
 
     ``node_limit`` (HiGHS, CBC): at most this many branch-and-bound nodes per run, a stop that does
     not depend on the machine's speed or load (the time limit still applies). ``tie_break=False``:
     least cost only, without the memory tie-break (for HiGHS and CBC a second run).
     """
     engine = options.backend if isinstance(options, MilpOptions) else "cpsat"
-    time_limit_s, threads, seed = options.time_limit_s, options.threads, options.seed
-    symmetry = options.symmetry
+    time_limit_s, threads, seed, symmetry = options.time_limit_s, options.threads, options.seed, options.symmetry
     budget = _checked_budget(budget)
     start = time.perf_counter()
     deadline = start + time_limit_s
