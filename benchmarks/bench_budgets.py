@@ -30,7 +30,7 @@ from solvers.budget import format_bytes
 from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError
 from solvers.peak import mincut_under_peak
-from solvers.registry import solve
+from solvers.catalog import SAVED, solve, typed_options
 
 
 def smallest_peak(problem) -> int:
@@ -85,7 +85,7 @@ def main() -> None:
             for solver, opts in (("cpsat", {"time_limit_s": args.time_limit}),
                                  ("milp", {"backend": "highs", "time_limit_s": args.time_limit})):
                 start = time.perf_counter()
-                plan = solve(problem, solver, ref.saved_bytes, **opts)
+                plan = solve(problem, solver, ref.saved_bytes, typed_options(solver, opts, SAVED))
                 key = "cpsat" if solver == "cpsat" else "highs"
                 row[f"{key} us"] = f"{plan.recompute_cost * 1e6:.2f}"
                 row[f"{key} GFLOP"] = f"{flops_of(module, plan.recomputed) / 1e9:.3f}"

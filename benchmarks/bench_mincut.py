@@ -35,7 +35,7 @@ from opt_remat.torch_reference import torch_plan
 from opt_remat.report import table
 from solvers.budget import format_bytes
 from solvers.mincut import solve_mincut
-from solvers.registry import solve
+from solvers.catalog import SAVED, solve, typed_options
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 
@@ -102,7 +102,8 @@ def main() -> None:
             for key, solver, opts in (("cpsat", "cpsat", {}), ("highs", "milp", {"backend": "highs"}),
                                       ("tied", "cpsat", {"symmetry": "tie"})):
                 t = time.perf_counter()
-                exact = solve(problem, solver, ref.saved_bytes, time_limit_s=args.time_limit, **opts)
+                exact = solve(problem, solver, ref.saved_bytes,
+                              typed_options(solver, {"time_limit_s": args.time_limit, **opts}, SAVED))
                 rows[-1][f"{key} s"] = f"{time.perf_counter() - t:.1f}"
                 if key != "tied":
                     rows[-1][f"{key} gap"] = "-" if exact.gap is None else f"{exact.gap:.2%}"

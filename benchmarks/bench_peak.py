@@ -6,7 +6,7 @@
 For each model and each torch ``activation_memory_budget`` fraction: run torch's partitioner,
 simulate its plan's step peak (``solvers.liveness``, which equals the measured peak when the plans
 run), and whether it is valid (torch may recompute dropout's random values, which changes the
-gradients); then give ``solve_peak`` (cpsat-peak) that peak as its budget and print peak, recompute
+gradients); then give ``peak_search`` (solver peak-search) that peak as its budget and print peak, recompute
 cost, cost ratio, solve time and status. A last row per model compares the smallest peak of torch's
 valid plans with the smallest peak opt-remat reaches (what ``PeakInfeasibleError`` names for a
 budget of 1 byte) and with the floor no plan can go below (``peak_lower_bound``).
@@ -25,7 +25,8 @@ from opt_remat.models import example_inputs, gpt2, llama
 from opt_remat.report import table
 from opt_remat.torch_reference import torch_plan
 from solvers.liveness import peak_lower_bound, simulate_plan
-from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.options import PeakSearchOptions
+from solvers.peak import PeakInfeasibleError, peak_search
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
             if valid or not args.skip_invalid:
                 start = time.perf_counter()
                 try:
-                    plan = solve_peak(problem, peak, time_limit_s=args.time_limit)
+                    plan = peak_search(problem, peak, options=PeakSearchOptions(time_limit_s=args.time_limit))
                     ours = plan.extra["peak"]
                     row.update({"ours peak": ours, "ours us": f"{plan.recompute_cost * 1e6:.3f}",
                                 "cost ratio": (f"{plan.recompute_cost / ref.recompute_cost:.2f}"
@@ -74,7 +75,7 @@ def main() -> None:
             print(table(rows[-1:], list(rows[-1])), flush=True)
         start = time.perf_counter()
         try:
-            solve_peak(problem, 1, time_limit_s=args.time_limit)
+            peak_search(problem, 1, options=PeakSearchOptions(time_limit_s=args.time_limit))
             ours_min = None
         except PeakInfeasibleError as exc:
             ours_min = exc.min_peak

@@ -39,7 +39,8 @@ from opt_remat.torch_reference import torch_plan
 from solvers.baselines import save_all, uniform_checkpoints
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.mincut import solve_mincut
-from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.options import PeakSearchOptions
+from solvers.peak import PeakInfeasibleError, peak_search
 
 GIB = 2**30
 
@@ -148,7 +149,7 @@ def main() -> None:
             continue
         start = time.perf_counter()
         try:
-            solve_peak(problem, 1, time_limit_s=args.time_limit)
+            peak_search(problem, 1, options=PeakSearchOptions(time_limit_s=args.time_limit))
         except PeakInfeasibleError as exc:
             row("opt-remat smallest peak", exc.min_peak, None,
                 **{"solve s": f"{time.perf_counter() - start:.1f}"})

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from solvers import catalog
+from solvers.options import MincutOptions
 
 TORCH_SOLVER = catalog.TORCH  # torch's own partitioner, run as a baseline through the same interface
 describe = catalog.describe
@@ -25,7 +27,7 @@ def possible_modes(budget: Any, peak_budget: Any) -> tuple[str, ...]:
     return (catalog.SAVED,) if budget is not None else (catalog.FREE, catalog.SAVED)
 
 
-def mode_of(budget: int | float | str | None, peak_budget: int | None) -> str:
+def mode_of(budget: float | str | None, peak_budget: int | None) -> str:
     """The mode of one solve."""
     if peak_budget is not None:
         return catalog.PEAK
@@ -43,14 +45,9 @@ def options_in_mode(solver: str | None, options: Mapping[str, Any], mode: str, *
                     warn: bool = True) -> dict[str, Any]:
     """The options that apply in ``mode``; the others (valid in another mode the caller allowed)
     are left out with a warning that names them, never silently."""
-    if solver is None:
-        kept = {k: v for k, v in options.items() if catalog.default_owner(k, (mode,)) is not None}
-        who = catalog.DEFAULT_WORDS
-    else:
-        dropped = set(catalog.not_applying(solver, options, mode))
-        kept = {k: v for k, v in options.items() if k not in dropped}
-        who = f"solver {solver!r}"
-    left = [k for k in options if k not in kept]
+    left = catalog.not_applying(solver, options, mode)
+    kept = {k: v for k, v in options.items() if k not in left}
+    who = catalog.DEFAULT_WORDS if solver is None else f"solver {solver!r}"
     if left and warn:
         warnings.warn(f"opt-remat: option(s) {', '.join(left)} of {who} do not apply "
                       f"{catalog.MODE_WORDS[mode]}; this solve does without them", stacklevel=3)
@@ -58,6 +55,9 @@ def options_in_mode(solver: str | None, options: Mapping[str, Any], mode: str, *
 
 
 def default_solver_options(options: Mapping[str, Any], mode: str) -> dict[str, dict[str, Any]]:
-    """The options of the default path (no solver named) in ``mode``, split by the solver that
-    takes them."""
-    return catalog.default_split(options, mode)
+    """The options of the default path (no solver named) that apply in ``mode``, split into
+    min-cut's and the exact search's (``opt_remat.solve.choose_default_plan``)."""
+    mincut = set(MincutOptions.__dataclass_fields__)
+    kept = {k: v for k, v in options.items() if k not in catalog.not_applying(None, options, mode)}
+    return {"mincut": {k: v for k, v in kept.items() if k in mincut},
+            "milp": {k: v for k, v in kept.items() if k not in mincut}}

@@ -7,15 +7,17 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable
 
-from solvers import InfeasibleError, Plan, Problem, Status, check_plan, interrupt
+from solvers import InfeasibleError, Plan, Problem, Status, catalog, check_plan, interrupt
 from solvers.budget import Fraction, format_bytes, parse_budget
+from solvers.catalog import label_peak_plan, solve, solve_peak, typed_options
 from solvers.mincut import lam_range, solve_mincut
 from solvers.mip import solve_mip
 from solvers.mip_warm import better
+from solvers.options import DefaultOptions, MilpOptions
 from solvers.peak import PeakInfeasibleError
-from solvers.registry import label_peak_plan, solve, solve_peak
 
 from .errors import BudgetError, PeakBudgetError, SolveInterrupted
+from .options import default_solver_options
 from .plan_memory import GraphKey, as_solution, cheaper_remembered, recall, remember
 
 
@@ -34,11 +36,11 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
                      default_lam: float | None = None, count_gradients: bool = True,
                      memory: GraphKey | None = None) -> Plan:
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
-    ``solver`` None or ``"mincut"``: the fast default (``solvers.fast_peak``); ``"cpsat"``: the
-    search with a proven gap. ``default_lam``: the min-cut plan at that ``lam`` (the default
-    path's plan) is a candidate. ``memory``: plans remembered from earlier solves of the graph
-    (``opt_remat.plan_memory``) are candidates, one that fits and costs less wins, and the plan
-    returned is remembered."""
+    ``solver`` None, ``"default"`` or ``"mincut"``: the fast default (``solvers.fast_peak``);
+    ``"peak-search"``, ``"cpsat"`` or ``"milp"``: the search with a proven gap. ``default_lam``:
+    the min-cut plan at that ``lam`` (the default path's plan) is a candidate. ``memory``: plans
+    remembered from earlier solves of the graph (``opt_remat.plan_memory``) are candidates, one
+    that fits and costs less wins, and the plan returned is remembered."""
     options = dict(options or {})
     interrupt.clear()
     remembered = recall(memory)
@@ -49,11 +51,11 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
         except InfeasibleError:
             pass
     candidates += remembered
-    name = solver or "mincut"
+    name = solver or catalog.DEFAULT
     plan: Plan | None = None
     try:  # the catalog says which solvers have a peak mode and which options they take there
-        plan = solve_peak(problem, name, peak_budget, budget, options, candidates=candidates,
-                          count_gradients=count_gradients)
+        plan = solve_peak(problem, name, peak_budget, budget, typed_options(name, options, catalog.PEAK),
+                          candidates=candidates, count_gradients=count_gradients)
     except PeakInfeasibleError as exc:
         _raise_if_interrupted(problem, None, budget)
         failure = exc
@@ -66,8 +68,8 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
     if plan is None:
         assert failure is not None
         err = PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None))
-        if name == "mincut":  # the fast default: the exact search often goes lower
-            err.args = (err.args[0] + " (by the fast default: solver 'cpsat' searches further)",)
+        if catalog.resolve(name, catalog.PEAK).name == catalog.DEFAULT:  # the search often goes lower
+            err.args = (err.args[0] + " (by the fast default: solver 'peak-search' searches further)",)
         raise err from None
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
@@ -109,9 +111,14 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
     """Solve and verify. Solver failures fall back to the min-cut plan with a warning; a budget
     that no plan meets raises BudgetError naming the smallest feasible saved bytes."""
     options = dict(options or {})
+    mode = catalog.FREE if budget is None else catalog.SAVED
+    if catalog.info(solver).name == catalog.DEFAULT:  # e.g. a run configuration's ``default`` entry
+        split = default_solver_options(options, mode)
+        return choose_default_plan(problem, budget, split["mincut"], split["milp"])
+    typed = typed_options(solver, options, mode)
     interrupt.clear()
     try:
-        plan = solve(problem, solver, budget, **options)
+        plan = solve(problem, solver, budget, typed)
     except InfeasibleError as exc:
         _raise_if_interrupted(problem, None, budget)
         if budget is None:
@@ -140,9 +147,9 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
     return plan
 
 
-# The default path's exact search (HiGHS through ``solvers.mip``); benchmarks/bench_default.py
-# measures it against the proven optimum from the tests' models to the 70B shape.
-DEFAULT_MIP_SECONDS = 10.0  # a guard: the search stops at its proof or node limit first
+# The default path's exact search (HiGHS through ``solvers.mip``; its time limit, a guard, is
+# ``DefaultOptions.time_limit_s``); benchmarks/bench_default.py measures it against the proven
+# optimum from the tests' models to the 70B shape.
 DEFAULT_MIP_NODES = 1000  # branch-and-bound nodes per HiGHS run: a stop independent of the machine
 # the memory tie-break (a second HiGHS run, least saved bytes at the optimal cost) where it is cheap:
 # 0.2-0.3 s at the 7B shape (3.3k candidate values), 4 s at the 70B shape (8.3k)
@@ -159,16 +166,15 @@ def choose_default_plan(problem: Problem, budget: int | None, mincut_options: di
     time_limit_s, threads, seed, warm_start_cuts, symmetry) override the defaults."""
     if budget is None:
         return choose_plan(problem, "mincut", None, mincut_options)
-    options = {"time_limit_s": DEFAULT_MIP_SECONDS, "node_limit": DEFAULT_MIP_NODES,
-               "tie_break": len(problem.candidates) <= DEFAULT_TIE_BREAK_MAX_VALUES,
-               **(mip_options or {})}
+    search = MilpOptions(backend="highs", **{"time_limit_s": DefaultOptions.time_limit_s, **(mip_options or {})})
     interrupt.clear()
     exact: Plan | None = None
     why = ""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            exact = solve_mip(problem, budget, engine="highs", **options)
+            exact = solve_mip(problem, budget, search, node_limit=DEFAULT_MIP_NODES,
+                              tie_break=len(problem.candidates) <= DEFAULT_TIE_BREAK_MAX_VALUES)
     except InfeasibleError:
         pass  # min-cut decides below, and names the smallest feasible bytes
     except (ValueError, TypeError):

@@ -1,4 +1,4 @@
-"""Baselines that users compare optimal plans against; all registered, all torch-free.
+"""Baselines that users compare optimal plans against; all in ``solvers.catalog``, all torch-free.
 
 * ``save-all``    – torch's ``default_partition``: save every value the backward reads;
 * ``inputs-only`` – recompute everything that may be recomputed (torch's memory budget 0);
@@ -16,23 +16,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 
-from .blocks import block_boundaries, boundary_groups  # noqa: F401 (block_boundaries: re-exported)
+from .blocks import boundary_groups
 from .budget import format_bytes
 from .errors import InfeasibleError, PlanError
 from .mincut import lam_range, solve_mincut
-from .problem import Plan, Problem, Role, Status, plan_from_saved
-from .registry import register
-
-BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")
-
-# torch's dp_knapsack scales memory normalized to the (max - min) activation range by 10_000
-DEFAULT_QUANTIZATION = 10_000
-
+from .options import DpOptions
+from .problem import Plan, Problem, Status, plan_from_saved
 
 # ---- shared helpers ---------------------------------------------------------------------------
 
@@ -168,8 +162,8 @@ def dp_knapsack(weights: Sequence[float], values: Sequence[float], capacity: flo
         return list(range(n))
     if unit <= 0:
         raise ValueError(f"unit must be > 0, got {unit}")
-    q_cap = int(math.floor(capacity / unit + 1e-9))
-    q_w = [int(math.ceil(w / unit - 1e-9)) if w > 0 else 0 for w in weights]
+    q_cap = math.floor(capacity / unit + 1e-9)
+    q_w = [math.ceil(w / unit - 1e-9) if w > 0 else 0 for w in weights]
     best = np.zeros(q_cap + 1, dtype=np.float64)
     took = np.zeros((n, (q_cap + 8) // 8), dtype=np.uint8)  # packed bits, one row per item
     for i, (w, v) in enumerate(zip(q_w, values)):
@@ -213,7 +207,7 @@ def knapsack_setup(problem: Problem) -> tuple[Plan, Plan, list[str]]:
 
 
 def knapsack_baseline(problem: Problem, budget: int | None, *, solver: str = "greedy",
-                      quantization: int = DEFAULT_QUANTIZATION) -> Plan:
+                      quantization: int = DpOptions.quantization) -> Plan:
     """torch's ``activation_memory_budget`` scheme with a ``greedy`` or ``dp`` knapsack.
 
     Without a budget, or when the memory-max plan fits, that plan is the answer. Otherwise the
@@ -223,10 +217,6 @@ def knapsack_baseline(problem: Problem, budget: int | None, *, solver: str = "gr
     Item weights ignore what else recomputing or saving them drags in, so the plan can miss the
     budget; it is then returned with status INFEASIBLE.
     """
-    if solver not in ("greedy", "dp"):
-        raise ValueError(f"knapsack solver must be 'greedy' or 'dp', got {solver!r}")
-    if quantization < 1:
-        raise ValueError(f"quantization must be >= 1, got {quantization}")
     start = time.perf_counter()
     max_plan, min_plan, items = knapsack_setup(problem)
     max_bytes, min_bytes = max_plan.saved_bytes, min_plan.saved_bytes
@@ -284,8 +274,6 @@ def uniform_checkpoint(problem: Problem, budget: int | None, *, every: int | Non
     returned as INFEASIBLE.
     """
     start = time.perf_counter()
-    if every is not None and every < 1:
-        raise ValueError(f"every must be >= 1, got {every}")
     bounds, mode = boundary_groups(problem)
     if every is not None or budget is None:
         return _checkpoint_plan(problem, bounds, every or 2, solver="uniform", start=start,
@@ -322,36 +310,3 @@ def sqrt_checkpoint(problem: Problem, budget: int | None) -> Plan:
     k = max(1, math.ceil(math.sqrt(len(bounds))))
     return _checkpoint_plan(problem, bounds, k, solver="sqrt", start=start, budget=budget,
                             mode=mode)
-
-
-# ---- registry entries -------------------------------------------------------------------------
-
-@register("save-all")
-def _save_all_entry(problem: Problem, budget: int | None) -> Plan:
-    return save_all(problem, budget)
-
-
-@register("inputs-only")
-def _inputs_only_entry(problem: Problem, budget: int | None) -> Plan:
-    return inputs_only(problem, budget)
-
-
-@register("greedy")
-def _greedy_entry(problem: Problem, budget: int | None) -> Plan:
-    return knapsack_baseline(problem, budget, solver="greedy")
-
-
-@register("dp")
-def _dp_entry(problem: Problem, budget: int | None, *,
-              quantization: int = DEFAULT_QUANTIZATION) -> Plan:
-    return knapsack_baseline(problem, budget, solver="dp", quantization=quantization)
-
-
-@register("uniform")
-def _uniform_entry(problem: Problem, budget: int | None, *, every: int | None = None) -> Plan:
-    return uniform_checkpoint(problem, budget, every=every)
-
-
-@register("sqrt")
-def _sqrt_entry(problem: Problem, budget: int | None) -> Plan:
-    return sqrt_checkpoint(problem, budget)

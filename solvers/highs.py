@@ -15,8 +15,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -144,8 +145,7 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
     ms = highspy.HighsModelStatus
     detail: dict[str, object] = {"highs_status": h.modelStatusToString(st), "build_s": build_s}
     if st == ms.kModelEmpty:  # nothing to decide: the lower bounds are optimal (costs >= 0)
-        values = [int(round(v)) for v in p.lower[:n_values]]
-        return HighsAnswer("optimal", values, 0.0, 0.0, detail)
+        return HighsAnswer("optimal", [round(v) for v in p.lower[:n_values]], 0.0, 0.0, detail)
     if st in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
         return HighsAnswer("infeasible", None, None, None, detail)
     if st.name not in _ANSWERED:
@@ -154,12 +154,13 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
     detail["nodes"] = int(info.mip_node_count)
     has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
     col = h.getSolution().col_value if has_sol else None
-    values = [int(round(v)) for v in col[:n_values]] if col is not None else None
+    values = [round(v) for v in col[:n_values]] if col is not None else None
     objective = info.objective_function_value if has_sol else None
     if col is not None:
         # HiGHS 1.16 can return the start solution itself with the objective of a better one (when
         # its presolve improved the start in the reduced space): check, and solve again without
         got = float(np.dot(p.cost, np.asarray(col)))
+        assert objective is not None  # a solution has an objective
         if abs(got - objective) > 1e-6 * max(1.0, abs(objective)):
             if hint is None:
                 raise RuntimeError(f"HiGHS returned a solution of objective {got}, reported {objective}")

@@ -18,8 +18,8 @@ import numpy as np
 
 from .budget import format_bytes
 from .errors import InfeasibleError
+from .options import MincutOptions
 from .problem import Plan, Problem, Role, Status, plan_from_saved
-from .registry import register
 
 _INF_BITS = 40  # finite capacities are scaled to sum to at most 2**40; infinity is 2**42
 
@@ -65,7 +65,7 @@ def _network(problem: Problem, lam: float) -> _FlowNetwork:
 
 
 def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
-    from ortools.graph.python import max_flow
+    from ortools.graph.python import max_flow  # type: ignore[import-untyped]
 
     finite = [c for c in net.capacities if not math.isinf(c)]
     total = sum(finite)
@@ -74,7 +74,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
     scale = 1.0 if (integral and total <= limit) else (limit / total if total > 0 else 1.0)
     inf = 2 ** (_INF_BITS + 2)  # above any sum of rounded finite capacities (<= limit + #arcs)
     caps = np.fromiter(
-        (inf if math.isinf(c) else int(round(c * scale)) for c in net.capacities),
+        (inf if math.isinf(c) else round(c * scale) for c in net.capacities),
         dtype=np.int64, count=len(net.capacities),
     )
     flow = max_flow.SimpleMaxFlow()
@@ -89,7 +89,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
 
 
 def _cut_networkx(net: _FlowNetwork) -> tuple[float, set[int]]:
-    import networkx as nx
+    import networkx as nx  # type: ignore[import-untyped]
 
     g = nx.DiGraph()
     g.add_nodes_from([net.source, net.sink])
@@ -195,10 +195,9 @@ def mincut_under_budget(problem: Problem, budget: int, *, backend: str = "ortool
                 budget=budget, extra={"lam": best.extra.get("lam"), "backend": backend})
 
 
-@register("mincut")
-def _mincut_entry(problem: Problem, budget: int | None, *, lam: float | None = None,
-                  backend: str = "ortools") -> Plan:
-    """Without a budget: the exact cut at ``lam`` (default 0); with one: the ``lam`` search."""
+def run_mincut(problem: Problem, budget: int | None, options: MincutOptions) -> Plan:
+    """Solver ``mincut``: without a budget, the exact cut at ``lam`` (default 0); with one, the
+    ``lam`` search."""
     if budget is None:
-        return solve_mincut(problem, 0.0 if lam is None else lam, backend=backend)
-    return mincut_under_budget(problem, budget, backend=backend)
+        return solve_mincut(problem, 0.0 if options.lam is None else options.lam, backend=options.backend)
+    return mincut_under_budget(problem, budget, backend=options.backend)

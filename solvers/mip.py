@@ -21,7 +21,7 @@ only where v may be saved. Exact presolve (cheap, linear time):
 The modules, by job: ``mip_model`` (the program and its exact reductions), ``mip_warm`` (the
 min-cut warm start and Lagrangian bound), ``mip_cpsat`` (OR-Tools CP-SAT, one scaled lexicographic
 objective), ``mip_milp`` (HiGHS through ``solvers.highs``, or PuLP + CBC; two lexicographic runs),
-and this one: the solve (``solve_mip``) and its registration as "cpsat" and "milp". Every engine is
+and this one: the solve (``solve_mip``), solvers "cpsat" and "milp" of ``solvers.catalog``. Every engine is
 warm-started from the best min-cut plan that fits the budget, which is also the fallback when a
 solver finds nothing in time. ``objective`` and ``bound`` are always reported in true
 recompute-cost units (seconds), without the tie-break.
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -41,13 +41,12 @@ from .budget import format_bytes
 from .errors import BudgetInfeasibleError, InfeasibleError, MIPTimeLimitError
 from .mip_cpsat import CostScale, EngineResult, Solved, run_cpsat, saved_set, solve_cpsat
 from .mip_milp import solve_milp
-from .mip_model import Model, build_model, hint_from_plan, normalize_saved, presolve as presolve_model, tie
+from .mip_model import Model, build_model, hint_from_plan, normalize_saved, tie
+from .mip_model import presolve as presolve_model
 from .mip_warm import WarmStart, better, warm_start
+from .options import CpsatOptions, MilpOptions
 from .problem import Plan, Problem, Status, plan_from_saved
-from .registry import register
 from .symmetry import find_repeated
-
-ENGINES = ("cpsat", "cbc", "highs")
 
 
 @dataclass
@@ -122,21 +121,14 @@ def _solve_tied(problem: Problem, model: Model, budget: int | None, warm: Plan |
 
 
 
-def _checked_args(budget: int | float | None, *, engine: str, symmetry: str,
-                  time_limit_s: float) -> int | None:
-    """``budget`` as int bytes; ValueError naming the fix for any bad argument."""
-    if symmetry not in ("none", "tie", "warm"):
-        raise ValueError(f"unknown symmetry {symmetry!r}: use 'none', 'tie' or 'warm'")
-    if engine not in ENGINES:
-        raise ValueError(f"unknown MIP engine {engine!r}: use 'cpsat', 'cbc' or 'highs'")
-    if not time_limit_s > 0:
-        raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
+def _checked_budget(budget: float | None) -> int | None:
+    """``budget`` as int bytes; ValueError naming the fix for a bad one."""
     if budget is None:
         return None
     if isinstance(budget, float) and budget.is_integer():
         budget = int(budget)
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise ValueError(f"budget must be an integer number of bytes or None, got {budget!r}")
+        raise ValueError(f"budget must be an integer number of bytes or None, got {budget!r}")  # noqa: TRY004
     if budget < 0:
         raise ValueError(f"budget must be >= 0 bytes, got {budget}")
     return int(budget)
@@ -151,8 +143,8 @@ def _refute_infeasible(model: Model, warm: WarmStart, budget: int | None, solved
     error."""
     if warm.plan is not None:
         return (Solved(EngineResult("unknown", None, None, solved.result.detail), None, None, False),
-                f"{engine} reported the budget infeasible although a min-cut plan fits it "
-                "(CBC does so when its time limit cuts preprocessing short)")
+                (f"{engine} reported the budget infeasible although a min-cut plan fits it "
+                "(CBC does so when its time limit cuts preprocessing short)"))
     if budget is None or warm.min_bytes is not None:  # both were caught earlier
         raise InfeasibleError("no valid plan (the solver proved the model infeasible)")
     mb = _min_feasible_bytes(model, time_limit_s=max(deadline - time.perf_counter(), 1.0),
@@ -210,32 +202,36 @@ def _lagrangian(warm: WarmStart, scale: CostScale) -> float:
     return lagrangian
 
 
-def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
-              time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
-              warm_start_cuts: int = 16, presolve: bool = True, symmetry: str = "none",
-              node_limit: int | None = None, tie_break: bool = True) -> Plan:
-    """The least-recompute plan whose saved bytes fit ``budget`` (None: no limit), by a MIP.
+_DEFAULTS = CpsatOptions()
 
-    Among plans of equal cost it returns one with the least saved bytes. ``engine``: "cpsat"
-    (OR-Tools CP-SAT), "cbc" (PuLP + CBC) or "highs" (HiGHS). ``time_limit_s`` bounds the whole
-    call (presolve, warm start, model build and solve; the solver gets what is left, at least
-    10 ms). Raises ValueError for a negative budget, BudgetInfeasibleError when no plan fits,
-    InfeasibleError when no plan exists at all, MIPTimeLimitError when nothing is found in time and
-    no warm-start plan fits. The smallest feasible bytes reported for an infeasible budget come
-    from the exact min-cut at ``lam = 0`` without shared storages, else from a CP-SAT solve.
 
-    ``symmetry``: "none"; "tie" solves the smaller problem with one decision per group of values
-    that repeated layers make interchangeable (``solvers.symmetry``; the last layer stays free to
-    use what whole-layer steps leave of the budget), exactly for that restricted
-    problem (the plan is valid but its status is never "optimal"; the full problem is solved
-    instead if the tied one admits no plan); "warm" solves the tied problem in up to a third of
-    the time and starts the full solve from its plan when that beats the min-cut warm start.
+def solve_mip(problem: Problem, budget: int | None, options: CpsatOptions = _DEFAULTS, *,
+              presolve: bool = True, node_limit: int | None = None, tie_break: bool = True) -> Plan:
+    """The least-recompute plan whose saved bytes fit ``budget`` (None: no limit), by a MIP:
+    solvers "cpsat" (``CpsatOptions``: OR-Tools CP-SAT) and "milp" (``MilpOptions``: its
+    ``backend``, PuLP + CBC or HiGHS).
+
+    Among plans of equal cost it returns one with the least saved bytes. ``options.time_limit_s``
+    bounds the whole call (presolve, warm start, model build and solve; the solver gets what is
+    left, at least 10 ms). Raises ValueError for a negative budget, BudgetInfeasibleError when no
+    plan fits, InfeasibleError when no plan exists at all, MIPTimeLimitError when nothing is found
+    in time and no warm-start plan fits. The smallest feasible bytes reported for an infeasible
+    budget come from the exact min-cut at ``lam = 0`` without shared storages, else from a CP-SAT
+    solve.
+
+    ``options.symmetry``: "none"; "tie" solves exactly the smaller problem with one decision per
+    group of values that repeated layers make interchangeable (``solvers.symmetry``; the last layer
+    stays free), its plan valid but never "optimal" (the full problem is solved if the tied one
+    admits no plan); "warm" solves the tied problem in up to a third of the time and starts the
+    full solve from its plan when that beats the min-cut warm start.
 
     ``node_limit`` (HiGHS, CBC): at most this many branch-and-bound nodes per run, a stop that does
     not depend on the machine's speed or load (the time limit still applies). ``tie_break=False``:
     least cost only, without the memory tie-break (for HiGHS and CBC a second run).
     """
-    budget = _checked_args(budget, engine=engine, symmetry=symmetry, time_limit_s=time_limit_s)
+    engine = options.backend if isinstance(options, MilpOptions) else "cpsat"
+    time_limit_s, threads, seed, symmetry = options.time_limit_s, options.threads, options.seed, options.symmetry
+    budget = _checked_budget(budget)
     start = time.perf_counter()
     deadline = start + time_limit_s
 
@@ -243,7 +239,7 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
     if presolve:
         model = presolve_model(problem, model)
     t_model = time.perf_counter()
-    warm = warm_start(problem, model, budget, cuts=warm_start_cuts,
+    warm = warm_start(problem, model, budget, cuts=options.warm_start_cuts,
                       deadline=start + 0.25 * time_limit_s)
     t_warm = time.perf_counter()
     if warm.min_bytes is not None and budget is not None and warm.min_bytes > budget:
@@ -309,21 +305,3 @@ def solve_mip(problem: Problem, budget: int | None, *, engine: str = "cpsat",
                 recompute_cost=plan.recompute_cost, solver=name, status=status,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, bound=bound,
                 message=message, budget=budget, extra=extra)
-
-
-@register("cpsat")
-def _cpsat_entry(problem: Problem, budget: int | None, *, time_limit_s: float = 60.0,
-                 threads: int = 2, seed: int = 0, warm_start_cuts: int = 16,
-                 symmetry: str = "none") -> Plan:
-    return solve_mip(problem, budget, engine="cpsat", time_limit_s=time_limit_s, threads=threads,
-                     seed=seed, warm_start_cuts=warm_start_cuts, symmetry=symmetry)
-
-
-@register("milp")
-def _milp_entry(problem: Problem, budget: int | None, *, backend: str = "cbc",
-                time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
-                warm_start_cuts: int = 16, symmetry: str = "none") -> Plan:
-    if backend not in ("cbc", "highs"):
-        raise ValueError(f"unknown MILP backend {backend!r}: use 'cbc' or 'highs'")
-    return solve_mip(problem, budget, engine=backend, time_limit_s=time_limit_s, threads=threads,
-                     seed=seed, warm_start_cuts=warm_start_cuts, symmetry=symmetry)

@@ -24,14 +24,14 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import interrupt, progress
 from .mip_model import Model
-
 
 # CP-SAT objective W * sum C + sum mq stays below 2**50: exact in doubles, and well below the
 # magnitudes (objective near 2**57 and up) where CP-SAT's LP was seen to return wrong "optimal" answers
@@ -58,7 +58,7 @@ class CostScale:
     gcd: int  # gcd of the positive integer costs (1 when there are none)
 
     @staticmethod
-    def of(model: Model) -> "CostScale":
+    def of(model: Model) -> CostScale:
         n_mem = len(model.mem_size)
         tie_bits = max(16, n_mem.bit_length() + 6)
         total_m = sum(model.mem_size)
@@ -96,7 +96,7 @@ class EngineResult:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-def cpsat_program(model: Model, objective: dict[int, int | float], budget: int | None,
+def cpsat_program(model: Model, objective: Mapping[int, float], budget: int | None,
                   extend: Callable[[Any, list[Any]], None] | None = None) -> tuple[Any, list[Any]]:
     """The program as a CP-SAT model over booleans ``x`` (indices of the program's variables), its
     objective set; ``extend(m, x)`` adds further conditions (the peak relaxation). Float objective
@@ -175,7 +175,8 @@ def _watching(solver: Any, proven: Callable[[float, float], bool] | None,
                 now = (watch.best, watch.bound)
             if report is not None and now != shown:
                 shown = now
-                progress.report(*(report(v) if math.isfinite(v) else None for v in now))
+                incumbent, bound = (report(v) if math.isfinite(v) else None for v in now)
+                progress.report(incumbent, bound)
 
     watch = _Watch()
     solver.best_bound_callback = watch.on_bound

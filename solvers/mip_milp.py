@@ -16,7 +16,7 @@ import re
 import tempfile
 import time
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -36,7 +36,7 @@ def milp_rows(model: Model) -> tuple[list[list[int]], list[list[float]], list[fl
     coefs: list[list[float]] = []
     lows: list[float] = []
     for lits in model.covers:
-        cols.append(lits)
+        cols.append(list(lits))
         coefs.append([1.0] * len(lits))
         lows.append(1.0)
     for a, bs in model.implications:
@@ -95,7 +95,7 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
              hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
              cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
              node_limit: int | None = None) -> EngineResult:
-    import pulp  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
+    import pulp  # type: ignore[import-untyped]  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
 
     t0 = time.perf_counter()
     prob = pulp.LpProblem("remat", pulp.LpMinimize)
@@ -123,9 +123,9 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
     build_s = time.perf_counter() - t0  # the .mps file is written inside prob.solve
     with tempfile.TemporaryDirectory(prefix="opt-remat-cbc-") as tmp:
         log_path = os.path.join(tmp, "cbc.log")
-        opts = dict(msg=False, timeLimit=max(time_limit_s - build_s, 0.01), threads=threads,
-                    gapRel=_MILP_GAP_REL, gapAbs=gap_abs, warmStart=hint is not None,
-                    logPath=log_path, keepFiles=False, maxNodes=node_limit)
+        opts = {"msg": False, "timeLimit": max(time_limit_s - build_s, 0.01), "threads": threads,
+                    "gapRel": _MILP_GAP_REL, "gapAbs": gap_abs, "warmStart": hint is not None,
+                    "logPath": log_path, "keepFiles": False, "maxNodes": node_limit}
         solver = pulp.COIN_CMD(**opts)
         if not solver.available():  # no cbc on PATH: PuLP's bundled one (deprecated in PuLP 4)
             with warnings.catch_warnings():
@@ -136,7 +136,10 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
             prob.solve(solver)
         except pulp.PulpSolverError as e:  # cbc exited abnormally: no answer, not a proof
             return EngineResult("unknown", None, None, {"cbc_error": str(e), "build_s": build_s})
-        log = open(log_path).read() if os.path.exists(log_path) else ""
+        log = ""
+        if os.path.exists(log_path):
+            with open(log_path) as f:
+                log = f.read()
     detail: dict[str, object] = {"cbc_status": pulp.LpStatus[prob.status], "build_s": build_s}
     if prob.status == pulp.LpStatusInfeasible:
         # CBC also says "infeasible" when the time limit cuts its preprocessing short, so the
@@ -144,7 +147,7 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
         return EngineResult("infeasible", None, None, detail)
     has_sol = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if prob.status == pulp.LpStatusOptimal and has_sol:
-        values = [int(round(xi.varValue or 0.0)) for xi in x]
+        values = [round(xi.varValue or 0.0) for xi in x]
         obj = sum(c * values[i] for i, c in objective.items())
         if prob.sol_status == pulp.LpSolutionOptimal:
             return EngineResult("optimal", values, obj, detail)

@@ -8,8 +8,8 @@ out the merges and fixings behind both.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
 
 from .disjoint_sets import DisjointSets
 from .errors import InfeasibleError
@@ -25,7 +25,7 @@ class Model:
     r_var: dict[str, int]  # recomputable value -> its r variable
     free_saved: list[str]  # saved at no memory cost (always part of the plan's saved set)
     lower: list[int]  # per-variable lower bound (1 where the backward reads the only way to get it)
-    covers: list[list[int]]  # sum(x) >= 1
+    covers: Sequence[Sequence[int]]  # sum(x) >= 1
     implications: list[tuple[int, list[int]]]  # x_a <= sum(x_b)
     storage_links: list[tuple[int, list[int]]]  # (y_g, its members' s variables): s_v <= y_g
     mem_var: list[int]  # y_g per counted storage (an s variable when g has one saveable member)
@@ -197,20 +197,18 @@ def reduce_model(model: Model, merges: Iterable[Sequence[int]], zeros: Iterable[
             root = find(i)
             if root not in zero_roots and root not in index:
                 index[root] = len(index)
-
-        def f(i: int) -> int | None:
-            return index.get(find(i))
-
+        f = _mapper(index, find)
         forced: set[int] = set()
         lower = [0] * len(index)
         for i, lb in enumerate(model.lower):
+            fi = f(i)
             if lb:
-                if f(i) is None:
+                if fi is None:
                     raise InfeasibleError("the reduced program fixes to 0 a value the backward needs")
-                lower[f(i)] = 1
+                lower[fi] = 1
         covers: set[tuple[int, ...]] = set()
         for lits in model.covers:
-            mapped = {f(i) for i in lits} - {None}
+            mapped = _mapped(f, lits)
             if not mapped:
                 raise InfeasibleError("the reduced program leaves a backward read unobtainable")
             if len(mapped) == 1:
@@ -222,7 +220,7 @@ def reduce_model(model: Model, merges: Iterable[Sequence[int]], zeros: Iterable[
             fa = f(a)
             if fa is None:
                 continue
-            mapped = {f(b) for b in bs} - {None}
+            mapped = _mapped(f, bs)
             if fa in mapped:
                 continue
             if not mapped:
@@ -235,23 +233,23 @@ def reduce_model(model: Model, merges: Iterable[Sequence[int]], zeros: Iterable[
             if fy is None:
                 forced.update(find(m) for m in members if f(m) is not None)
                 continue
-            links.setdefault(fy, set()).update({f(m) for m in members} - {None, fy})
+            links.setdefault(fy, set()).update(_mapped(f, members) - {fy})
         if forced:
             zero_roots |= forced
             continue
         break
     mem: dict[int, int] = {}
     for y, size in zip(model.mem_var, model.mem_size):
-        if f(y) is not None:
-            mem[f(y)] = mem.get(f(y), 0) + size
+        fy = f(y)
+        if fy is not None:
+            mem[fy] = mem.get(fy, 0) + size
     cost: dict[int, float] = {}
     for i, c in model.cost.items():
-        if f(i) is not None:
-            cost[f(i)] = cost.get(f(i), 0.0) + c
+        fi = f(i)
+        if fi is not None:
+            cost[fi] = cost.get(fi, 0.0) + c
     return replace(
-        model, num_vars=len(index),
-        s_var={v: f(i) for v, i in model.s_var.items() if f(i) is not None},
-        r_var={v: f(i) for v, i in model.r_var.items() if f(i) is not None},
+        model, num_vars=len(index), s_var=_mapped_vars(f, model.s_var), r_var=_mapped_vars(f, model.r_var),
         lower=lower, covers=sorted(covers), implications=sorted((a, list(b)) for a, b in implications),
         storage_links=sorted((y, sorted(m)) for y, m in links.items() if m),
         mem_var=list(mem), mem_size=list(mem.values()), cost=cost,
@@ -360,6 +358,19 @@ def normalize_saved(model: Model, saved: Iterable[str]) -> set[str]:
                 out.add(w)
                 stack.append(w)
     return out
+
+
+def _mapper(index: dict[int, int], find: Callable[[int], int]) -> Callable[[int], int | None]:
+    """A variable's new index: its group's (None: fixed to 0)."""
+    return lambda i: index.get(find(i))
+
+
+def _mapped(f: Callable[[int], int | None], items: Iterable[int]) -> set[int]:
+    return {j for j in map(f, items) if j is not None}
+
+
+def _mapped_vars(f: Callable[[int], int | None], variables: dict[str, int]) -> dict[str, int]:
+    return {v: j for v, j in ((v, f(i)) for v, i in variables.items()) if j is not None}
 
 
 def tie(model: Model, groups: Iterable[Sequence[str]]) -> Model:

@@ -52,9 +52,8 @@ def warm_start(problem: Problem, model: Model, budget: int | None, *, cuts: int,
         nonlocal best, lb, done
         p = solve_mincut(problem, lam, budget=budget)
         done += 1
-        if budget is None or p.saved_bytes <= budget:
-            if improves(p):
-                best = p
+        if (budget is None or p.saved_bytes <= budget) and improves(p):
+            best = p
         if lagrange_ok and lam > 0 and p.objective is not None:
             # the max-flow rounds capacities scaled to 2**_INF_BITS: allow that error in full
             total = total_w + lam * sum_cost

@@ -11,14 +11,17 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from solvers import registry
-from solvers.baselines import (BASELINES, block_boundaries, dp_knapsack, greedy_knapsack,
-                               inputs_only, knapsack_baseline, knapsack_setup, save_all,
-                               sqrt_checkpoint, uniform_checkpoint)
+from solvers import catalog
+from solvers.baselines import (dp_knapsack, greedy_knapsack, inputs_only, knapsack_baseline,
+                               knapsack_setup, save_all, sqrt_checkpoint, uniform_checkpoint)
+from solvers.blocks import block_boundaries
 from support.brute_force import brute_force
 from solvers.mincut import InfeasibleError
+from solvers.options import SAVED, DpOptions
 from solvers.problem import Node, Plan, Problem, Role, Status, check_plan
 from support.random_problems import random_problem
+
+BASELINES = ("save-all", "inputs-only", "greedy", "dp", "uniform", "sqrt")
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -48,15 +51,15 @@ def budget_for(problem: Problem, fraction: float) -> int:
 fractions = st.floats(0.0, 1.3, allow_nan=False)
 
 
-def test_all_registered() -> None:
-    assert set(BASELINES) <= set(registry.available())
+def test_all_in_the_catalog() -> None:
+    assert all(catalog.info(name).run is not None for name in BASELINES)
 
 
 @SETTINGS
 @given(problems())
 def test_plans_valid_without_budget(problem: Problem) -> None:
     for name in BASELINES:
-        plan = registry.solve(problem, name)
+        plan = catalog.solve(problem, name)
         res = check_plan(problem, plan)
         assert res.valid, (name, res.errors)
         assert plan.solver == name and plan.budget is None
@@ -68,7 +71,7 @@ def test_plans_valid_without_budget(problem: Problem) -> None:
 def test_budget_respected_or_reported(problem: Problem, fraction: float) -> None:
     budget = budget_for(problem, fraction)
     for name in BASELINES:
-        plan = registry.solve(problem, name, budget=budget)
+        plan = catalog.solve(problem, name, budget)
         assert check_plan(problem, plan).valid, name
         assert plan.solver == name and plan.budget == budget
         if plan.status is Status.INFEASIBLE:
@@ -86,7 +89,7 @@ def test_never_better_than_brute_force(problem: Problem, fraction: float) -> Non
     budget = budget_for(problem, fraction)
     best = brute_force(problem, budget=budget)
     for name in BASELINES:
-        plan = registry.solve(problem, name, budget=budget)
+        plan = catalog.solve(problem, name, budget)
         if plan.status is Status.INFEASIBLE:
             continue
         assert best is not None, name  # a fitting valid plan exists, so brute force finds one
@@ -100,17 +103,14 @@ _HAS_MIP = importlib.util.find_spec("solvers.mip") is not None
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), fractions)
 def test_never_better_than_mip(problem: Problem, fraction: float) -> None:
-    pytest.importorskip("solvers.mip")  # importing it registers "cpsat", listed or not
-    if "cpsat" not in registry.available():
-        pytest.skip("solvers/mip.py does not register 'cpsat' yet")
     budget = budget_for(problem, fraction)
     exact: Plan | None = None
     for name in BASELINES:
-        plan = registry.solve(problem, name, budget=budget)
+        plan = catalog.solve(problem, name, budget)
         if plan.status is Status.INFEASIBLE:
             continue
         if exact is None:  # a baseline fits, so the exact solver must find a fitting optimum
-            exact = registry.solve(problem, "cpsat", budget=budget)
+            exact = catalog.solve(problem, "cpsat", budget)
             assert exact.status is Status.OPTIMAL, exact.message
             assert check_plan(problem, exact, budget=budget).valid
         assert exact.recompute_cost <= plan.recompute_cost + 1e-6 * max(1.0, plan.recompute_cost), name
@@ -132,7 +132,7 @@ def test_inputs_only_recomputes_the_most(problem: Problem) -> None:
     io = inputs_only(problem)
     # every valid plan's recomputed set lies inside the full recompute closure
     for name in BASELINES:
-        plan = registry.solve(problem, name)
+        plan = catalog.solve(problem, name)
         assert plan.recomputed <= io.recomputed, name
         assert plan.recompute_cost <= io.recompute_cost + 1e-9, name
     # and inputs-only saves only what cannot be recomputed (random problems never tag a value
@@ -206,8 +206,8 @@ def test_greedy_and_dp_plans_agree_when_loose(problem: Problem) -> None:
     weights = [problem.save_weight(s) for s in items]
     assume(len(set(weights)) == len(weights))
     budget = int(min_plan.saved_bytes + sum(weights))
-    g = registry.solve(problem, "greedy", budget=budget)
-    d = registry.solve(problem, "dp", budget=budget)
+    g = catalog.solve(problem, "greedy", budget)
+    d = catalog.solve(problem, "dp", budget)
     assert (g.saved, g.recomputed) == (d.saved, d.recomputed)
     if max_plan.saved_bytes > budget:
         assert g.extra["kept"] == sorted(items, key=problem.index.__getitem__)
@@ -217,7 +217,7 @@ def test_greedy_and_dp_plans_agree_when_loose(problem: Problem) -> None:
 @given(problems(), fractions, st.sampled_from([1, 3, 50, 10_000]))
 def test_dp_quantization_option(problem: Problem, fraction: float, quantization: int) -> None:
     budget = budget_for(problem, fraction)
-    plan = registry.solve(problem, "dp", budget=budget, quantization=quantization)
+    plan = catalog.solve(problem, "dp", budget, DpOptions(quantization=quantization))
     assert check_plan(problem, plan).valid
     assert plan.status is Status.INFEASIBLE or check_plan(problem, plan, budget=budget).valid
 
@@ -285,11 +285,10 @@ def test_uniform_picks_best_spacing_under_budget(problem: Problem, fraction: flo
 
 
 def test_bad_options() -> None:
-    p = _chain(4)
-    with pytest.raises(ValueError):
-        uniform_checkpoint(p, None, every=0)
-    with pytest.raises(ValueError):
-        registry.solve(p, "dp", budget=100, quantization=0)
+    with pytest.raises(ValueError, match="every=0.*expected an integer >= 1"):
+        catalog.check_options("uniform", {"every": 0}, [SAVED])
+    with pytest.raises(ValueError, match="quantization=0.*expected an integer >= 1"):
+        catalog.check_options("dp", {"quantization": 0}, [SAVED])
 
 
 def test_walks_avoid_values_nothing_can_provide() -> None:
@@ -302,7 +301,7 @@ def test_walks_avoid_values_nothing_can_provide() -> None:
         Node("g", Role.BACKWARD, ("f", "h"), bytes=8),
     ))
     for name in BASELINES:
-        plan = registry.solve(p, name)
+        plan = catalog.solve(p, name)
         assert check_plan(p, plan).valid, name
         assert "f" in plan.saved, name
 
@@ -330,9 +329,9 @@ def test_feasibility_agrees_with_brute_force(problem: Problem) -> None:
     for name in BASELINES:
         if best is None:
             with pytest.raises(InfeasibleError):
-                registry.solve(problem, name)
+                catalog.solve(problem, name)
         else:
-            plan = registry.solve(problem, name)
+            plan = catalog.solve(problem, name)
             assert check_plan(problem, plan).valid, name
 
 
@@ -344,4 +343,4 @@ def test_infeasible_problem_raises() -> None:
     ))
     for name in BASELINES:
         with pytest.raises(InfeasibleError):
-            registry.solve(p, name)
+            catalog.solve(p, name)

@@ -5,7 +5,6 @@ CLI; a peak plan says what found it; a solve's progress shows as lines when pipe
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import io
 import os
 import subprocess
@@ -19,8 +18,10 @@ import opt_remat
 from opt_remat.cli import main
 from opt_remat.runs import ConfigError, load_config
 from opt_remat.runs.progress import Display
-from solvers import catalog, registry
+from solvers import catalog
 from solvers.liveness import peak_lower_bound, simulate_plan
+from solvers.mincut import solve_mincut
+from solvers.options import MilpOptions, PeakSearchOptions, value_error
 from solvers.progress import Progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,28 +38,40 @@ output: {{dir: out, formats: [json]}}
 """
 
 
-def _params(fn) -> dict[str, inspect.Parameter]:
-    return {p.name: p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
-
-
-@pytest.mark.parametrize("name", [n for n in catalog.names() if n != catalog.TORCH])
-def test_catalog_matches_the_functions_it_describes(name):
-    registry.available()
+@pytest.mark.parametrize("name", catalog.names())
+def test_each_solver_is_one_whole_object(name):
     entry = catalog.info(name)
-    fields = {f.name: f for f in dataclasses.fields(entry.options)}
-    for f in fields.values():
-        assert f.metadata["doc"] and set(f.metadata["modes"]) <= set(catalog.MODES)
-    saved = [k for k, f in fields.items() if catalog.SAVED in f.metadata["modes"] or catalog.FREE in f.metadata["modes"]]
-    params = _params(registry._SOLVERS[name])
-    assert sorted(saved) == sorted(params), "every option of the saved-bytes entry is declared, and no more"
-    for key in saved:
-        assert fields[key].default == params[key].default, key
-    if catalog.PEAK in entry.modes:
-        module, _, attr = registry._PEAK_ENTRIES[name].partition(":")
-        peak_fn = getattr(__import__(module, fromlist=[attr]), attr)
-        peak_params = _params(peak_fn)
-        for key in entry.takes(catalog.PEAK):
-            assert key in peak_params and fields[key].default == peak_params[key].default, key
+    assert entry.name == name and entry.summary and entry.options.__dataclass_params__.frozen
+    fields = dataclasses.fields(entry.options)
+    for f in fields:  # documented, valid by default, and taken under some budget the solver meets
+        assert f.metadata["doc"] and value_error(f, f.default) is None, f.name
+        assert any(f.name in entry.takes(m) for m in entry.modes), f.name
+    if name != catalog.TORCH:  # torch's baseline runs on the FX graph, in opt_remat
+        assert (entry.run is not None) == (bool(set(entry.modes) - {catalog.PEAK}) and name != catalog.DEFAULT)
+        assert (entry.run_peak is not None) == (catalog.PEAK in entry.modes)
+    if entry.peak_alias:  # an old name under a peak budget: the solver it names runs, with its options
+        ran = catalog.resolve(name, catalog.PEAK)
+        assert ran.name == entry.peak_alias and ran.run_peak is not None
+        assert catalog.typed_options(name, {}, catalog.PEAK) == ran.options()
+
+
+def test_the_peak_modes_and_their_old_names():
+    assert catalog.resolve(None, catalog.PEAK).name == catalog.resolve("mincut", catalog.PEAK).name == "default"
+    assert {catalog.resolve(n, catalog.PEAK).name for n in ("cpsat", "milp", "peak-search")} == {"peak-search"}
+    assert catalog.resolve("mincut", catalog.SAVED).name == "mincut"
+    assert catalog.supporting(catalog.PEAK) == ["default", "mincut", "cpsat", "milp", "peak-search"]
+
+
+def test_options_reach_the_solver_as_typed():
+    # the same plan through the catalog as from the engine called directly, options and all
+    problem = random_problem(5, n_forward=10, n_backward=8, ban_prob=0.0)
+    typed = catalog.typed_options("mincut", {"lam": 1e-6, "backend": "networkx"}, catalog.FREE)
+    plan = catalog.solve(problem, "mincut", None, typed)
+    direct = solve_mincut(problem, 1e-6, backend="networkx")
+    assert plan.saved == direct.saved and plan.extra["backend"] == "networkx"
+    budget = catalog.solve(problem, "save-all").saved_bytes // 2
+    milp = catalog.solve(problem, "milp", budget, catalog.typed_options("milp", {"backend": "highs"}, catalog.SAVED))
+    assert milp.extra["backend"] == "highs"
 
 
 def test_unknown_and_misplaced_options_name_the_accepted_ones():
@@ -73,10 +86,12 @@ def test_unknown_and_misplaced_options_name_the_accepted_ones():
     catalog.check_options("cpsat", {"gap": 0.05, "symmetry": "warm"}, [catalog.SAVED, catalog.PEAK])
     with pytest.raises(ValueError, match="greedy.*cannot solve under a peak budget.*mincut, cpsat, milp"):
         catalog.typed_options("greedy", {}, catalog.PEAK)
-    # the saved-bytes entry of the registry checks the same way: nothing reaches a solver unchecked
-    problem = random_problem(0, n_forward=8, n_backward=6)
     with pytest.raises(ValueError, match="'gap' of solver 'cpsat' does not apply under a saved-bytes budget"):
-        registry.solve(problem, "cpsat", 10**9, gap=0.1)
+        catalog.check_options("cpsat", {"gap": 0.1}, [catalog.SAVED])
+    with pytest.raises(ValueError, match="'threads' is not taken by the default path .* without a budget; "
+                                         "there it takes: lam, backend"):
+        catalog.check_options(None, {"threads": 1}, [catalog.FREE])
+    catalog.check_options(None, {"threads": 1}, [catalog.FREE, catalog.SAVED])  # the exact search's
 
 
 def test_yaml_refuses_options_of_no_budget_of_the_run(tmp_path):
@@ -108,17 +123,20 @@ def test_cli_refuses_an_unknown_option_with_exit_2(tmp_path, capsys):
 def test_peak_plans_say_what_found_them():
     problem = random_problem(3, n_forward=14, n_backward=10, ban_prob=0.0)
     floor = peak_lower_bound(problem)
-    top = simulate_plan(problem, registry.solve(problem, "save-all").saved).peak
+    top = simulate_plan(problem, catalog.solve(problem, "save-all").saved).peak
     budget = (floor + top) // 2
-    plan = registry.solve_peak(problem, "cpsat", budget, options={"time_limit_s": 5})
-    assert plan.solver == f"cpsat (peak: {plan.extra['found_by']})"
-    assert plan.message.startswith("the peak search (HiGHS relaxation and cut rounds, local search), "
-                                   "asked for as 'cpsat': ")
+    options = PeakSearchOptions(time_limit_s=5)
+    plan = catalog.solve_peak(problem, "cpsat", budget, options=options)
+    assert plan.solver == f"peak-search (found by {plan.extra['found_by']})"
+    assert plan.message.startswith("asked for as 'cpsat', which names 'peak-search' under a peak budget; ")
     assert simulate_plan(problem, plan.saved).peak <= budget
-    plan = registry.solve_peak(problem, "milp", budget, options={"time_limit_s": 5})
-    assert plan.solver.startswith("milp (peak: ")
-    plan = registry.solve_peak(problem, "mincut", top)
-    assert plan.solver.startswith("mincut (peak: ")
+    same = catalog.solve_peak(problem, "peak-search", budget, options=options)
+    assert same.saved == plan.saved and not same.message.startswith("asked for")
+    plan = catalog.solve_peak(problem, "milp", budget, options=options)
+    assert plan.solver.startswith("peak-search (found by ")
+    plan = catalog.solve_peak(problem, "mincut", top)
+    assert plan.solver.startswith("default (found by ") and "asked for as 'mincut'" in plan.message
+    assert catalog.solve_peak(problem, None, top).saved == plan.saved
 
 
 def test_lines_mode_prints_a_line_per_change():
@@ -140,7 +158,7 @@ def test_solve_piped_prints_progress_lines(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(TINY.format(budgets="[0.5]", option="threads: 1"))
     problem = materialize(load_config(path)).problem
-    top = simulate_plan(problem, registry.solve(problem, "save-all").saved).peak
+    top = simulate_plan(problem, catalog.solve(problem, "save-all").saved).peak
     middle = (peak_lower_bound(problem) + top) // 2
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "opt_remat.cli", "solve", str(path), "--solver", "cpsat",
@@ -150,7 +168,7 @@ def test_solve_piped_prints_progress_lines(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"solving budget peak {middle} with cpsat: ")]
     assert len(lines) >= 2, proc.stdout  # piped: no bar, a line per change
     assert all("phase " in ln and "best " in ln and "bound " in ln for ln in lines), lines
-    assert "\r" not in proc.stdout and "cpsat (peak: " in proc.stdout
+    assert "\r" not in proc.stdout and "peak-search (found by " in proc.stdout
 
 
 def test_partitioner_verbose_prints_lines_to_stderr(capfd):
@@ -165,7 +183,7 @@ def test_partitioner_verbose_prints_lines_to_stderr(capfd):
     out, err = capfd.readouterr()
     lines = [ln for ln in err.splitlines() if ln.startswith("opt-remat: ")]
     assert any("phase " in ln and "best " in ln and "bound " in ln for ln in lines), err
-    assert any("plan by cpsat (peak: " in ln for ln in lines), err
+    assert any("plan by peak-search (found by " in ln for ln in lines), err
     assert "opt-remat: " not in out
 
 
@@ -185,6 +203,8 @@ def test_solvers_command_lists_every_solver_and_option(capsys):
     out = capsys.readouterr().out
     for name in catalog.names():
         assert f"\n{name}: " in "\n" + out
+    assert "\ndefault: what runs when no solver is named" in "\n" + out
+    assert "budgets: none, saved bytes; peak: runs peak-search" in out
     assert "- gap=0.01: stop once the plan is within this relative gap of the bound; budgets: peak" in out
     assert "- lam=None:" in out and "budgets: none\n" in out
 
@@ -194,11 +214,11 @@ def test_searches_report_their_start_and_end():
     from solvers import progress
 
     problem = random_problem(4, n_forward=12, n_backward=8, ban_prob=0.0)
-    budget = registry.solve(problem, "save-all").saved_bytes // 2
+    budget = catalog.solve(problem, "save-all").saved_bytes // 2
     heard: list[Progress] = []
     with progress.reporting(heard.append):
-        plan = registry.solve(problem, "milp", budget, backend="highs", time_limit_s=10)
-        registry.solve(problem, "greedy", budget)  # a baseline reports nothing
+        plan = catalog.solve(problem, "milp", budget, MilpOptions(backend="highs", time_limit_s=10))
+        catalog.solve(problem, "greedy", budget)  # a baseline reports nothing
     assert heard[0].phase == "milp: started" and heard[0].incumbent is None
     assert heard[-1].phase == "milp: done" and heard[-1].incumbent == plan.recompute_cost
     assert heard[-1].bound == plan.bound

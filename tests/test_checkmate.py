@@ -18,7 +18,7 @@ from opt_remat.formats.checkmate_graph import (
     no_recompute_saved_bytes,
     total_cost,
 )
-from solvers import registry
+from solvers import catalog
 from solvers.problem import Problem, Role, Status, check_plan
 
 # shipped with the project (configs/data/checkmate/README.md says where they come from)
@@ -83,7 +83,7 @@ def test_plans_valid_at_80_percent(graphs: dict[str, Problem], solver: str, opti
     for name, p in graphs.items():
         reference = no_recompute_saved_bytes(p)
         budget = int(0.8 * reference)
-        plan = registry.solve(p, solver, budget, **options)
+        plan = catalog.solve(p, solver, budget, catalog.typed_options(solver, options, catalog.SAVED))
         res = check_plan(p, plan)
         assert res.valid, (name, solver, res.errors)
         assert 0.0 <= compute_overhead_percent(p, plan.recompute_cost) < 100.0
@@ -93,7 +93,7 @@ def test_plans_valid_at_80_percent(graphs: dict[str, Problem], solver: str, opti
         else:
             assert check_plan(p, plan, budget=budget).valid, (name, solver)
         if solver == "cpsat" and plan.status is Status.OPTIMAL:
-            mincut = registry.solve(p, "mincut", budget)
+            mincut = catalog.solve(p, "mincut", budget)
             assert plan.recompute_cost <= mincut.recompute_cost * (1 + 1e-9) + 1e-9
 
 
@@ -125,7 +125,7 @@ def test_small_graph_mapping(tmp_path: Path) -> None:
     assert p.by_name["relu_backward"].inputs == ("loss_backward", "relu")
     assert p.backward_reads == {"conv", "relu", "loss"}
     assert no_recompute_saved_bytes(p) == 300
-    plan = registry.solve(p, "inputs-only")  # everything recomputable: the batch is implicit
+    plan = catalog.solve(p, "inputs-only")  # everything recomputable: the batch is implicit
     assert plan.saved_bytes == 0 and plan.recomputed == {"conv", "relu", "loss"}
     assert compute_overhead_percent(p, plan.recompute_cost) == pytest.approx(50.0)
 
@@ -225,13 +225,14 @@ def test_peak_budgets_on_published_graphs() -> None:
     more schedules, so theirs are lower bounds for ours)."""
     from opt_remat.formats.checkmate_graph import compute_overhead_percent
     from solvers.liveness import simulate_plan
-    from solvers.peak import solve_peak
-    from solvers.registry import solve
+    from solvers.catalog import solve
+    from solvers.options import PeakSearchOptions
+    from solvers.peak import peak_search
 
     for name, m, published in (("fcn_8_vgg_32_416x608", 0.8, 0.14), ("ResNet50_256", 0.9, 0.11)):
         problem = load_graph(next(p for p in graph_files(GRAPH_DIR) if graph_name(p) == name))
         top = simulate_plan(problem, solve(problem, "save-all").saved).peak
-        plan = solve_peak(problem, int(m * top), time_limit_s=30)
+        plan = peak_search(problem, int(m * top), options=PeakSearchOptions(time_limit_s=30))
         assert simulate_plan(problem, plan.saved).peak <= m * top
         assert check_plan(problem, plan).valid
         overhead = compute_overhead_percent(problem, plan.recompute_cost)

@@ -427,7 +427,7 @@ def test_peak_budgets_in_a_run(tmp_path, capsys):
     # meet it, the others are skipped), and one below the floor (a clear infeasible record)
     from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
-    from solvers.registry import solve
+    from solvers.catalog import solve
 
     text = (TINY.replace("opt_remat.models:mlp", "opt_remat.models:llama")
             .replace("{{d_in: 16, hidden: 32, layers: 2}}", "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")

@@ -12,7 +12,8 @@ from support.random_problems import random_problem
 
 import opt_remat.solve as solve_stage
 from solvers import Status, check_plan
-from solvers.registry import solve
+from solvers.catalog import solve
+from solvers.options import CpsatOptions
 
 
 def _budget(problem, share: float) -> int:
@@ -26,7 +27,7 @@ def test_default_is_the_exact_optimum_where_mincut_is_not(seed):
     problem = random_problem(seed, n_forward=300, n_backward=300, n_inputs=8)
     budget = _budget(problem, 1 / 3)
     cut = solve(problem, "mincut", budget)
-    exact = solve(problem, "cpsat", budget, time_limit_s=60)
+    exact = solve(problem, "cpsat", budget, CpsatOptions(time_limit_s=60))
     assert exact.status is Status.OPTIMAL
     assert cut.recompute_cost > exact.recompute_cost  # else this problem shows nothing
     plan = solve_stage.choose_default_plan(problem, budget, {})
@@ -71,7 +72,7 @@ def test_a_search_stopped_by_its_limits_keeps_the_better_plan(monkeypatch):
     problem = random_problem(1, n_forward=300, n_backward=300, n_inputs=8)
     budget = _budget(problem, 1 / 3)
     cut = solve(problem, "mincut", budget)
-    exact = solve(problem, "cpsat", budget, time_limit_s=60)
+    exact = solve(problem, "cpsat", budget, CpsatOptions(time_limit_s=60))
     poor = solve(problem, "inputs-only")
     assert poor.saved_bytes <= budget and poor.recompute_cost > cut.recompute_cost > exact.recompute_cost
     for found, want in ((poor, cut), (exact, exact)):

@@ -45,12 +45,13 @@ def test_sigint_stops_a_cpsat_solve_with_its_best_plan(tmp_path):
         from solvers import check_plan, interrupt
         from solvers.liveness import simulate_plan
         from solvers.mincut import solve_mincut
-        from solvers.peak import solve_peak
+        from solvers.options import PeakSearchOptions
+        from solvers.peak import peak_search
         from support.random_problems import random_problem
         p = random_problem(1, n_forward=150, n_backward=150, view_prob=0.2, max_fanin=3, integer_costs=False)
         budget = int(0.8 * simulate_plan(p, solve_mincut(p, 1e12).saved).peak)
         print("solving", flush=True)
-        plan = solve_peak(p, budget, time_limit_s=120)
+        plan = peak_search(p, budget, options=PeakSearchOptions(time_limit_s=120))
         assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak <= budget
         print("interrupted" if interrupt.requested() else "finished", flush=True)
     """)
@@ -86,8 +87,9 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
     # got more time each and the budget found here settled in 1.9 s, racing the Ctrl-C
     from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
-    from solvers.peak import PeakInfeasibleError, solve_peak
-    from solvers.registry import solve
+    from solvers.catalog import solve
+    from solvers.options import PeakSearchOptions
+    from solvers.peak import PeakInfeasibleError, peak_search
 
     (tmp_path / "run.yaml").write_text(config.replace(", PEAK", ""))
     problem = materialize(load_config(tmp_path / "run.yaml")).problem
@@ -97,7 +99,7 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
         peak = floor + int(share * (top - floor))
         start = time.monotonic()
         try:
-            solve_peak(problem, peak, time_limit_s=4.0)
+            peak_search(problem, peak, options=PeakSearchOptions(time_limit_s=4.0))
         except PeakInfeasibleError:
             pass
         if time.monotonic() - start >= 3.9:

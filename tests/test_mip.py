@@ -18,9 +18,15 @@ from support.brute_force import Enumeration, brute_force
 from solvers.mincut import mincut_under_budget
 from solvers.mip import BudgetInfeasibleError, solve_mip
 from support.random_problems import random_problem
-from solvers.registry import available, solve
+from solvers.catalog import check_options, solve
+from solvers.options import SAVED, CpsatOptions, MilpOptions
 
 ENGINES = ("cpsat", "cbc", "highs")
+
+
+def mip_options(engine: str, **options: object) -> CpsatOptions:
+    """Solver "cpsat"'s options (engine ``cpsat``) or "milp"'s with that backend."""
+    return CpsatOptions(**options) if engine == "cpsat" else MilpOptions(backend=engine, **options)  # type: ignore[arg-type]
 
 
 def _min_feasible_bytes(problem: Problem | Enumeration) -> int | None:
@@ -63,7 +69,7 @@ def test_engines_are_exact_against_brute_force(seed, n, frac, view_prob, must_re
     except InfeasibleError:
         heuristic_cost = math.inf
     for engine in ENGINES:
-        plan = solve_mip(problem, budget, engine=engine, time_limit_s=20)
+        plan = solve_mip(problem, budget, mip_options(engine, time_limit_s=20))
         check = check_plan(problem, plan, budget=budget)
         assert check.valid, (engine, check.errors)
         assert plan.status is Status.OPTIMAL, (engine, plan.message)
@@ -93,7 +99,7 @@ def test_float_costs_agree(seed, n, frac, view_prob):
     best = every.best(budget)
     costs = []
     for engine in ENGINES:
-        plan = solve_mip(problem, budget, engine=engine, time_limit_s=20)
+        plan = solve_mip(problem, budget, mip_options(engine, time_limit_s=20))
         assert check_plan(problem, plan, budget=budget).valid, engine
         assert plan.status is Status.OPTIMAL, engine
         assert plan.gap is not None and plan.gap <= 1e-6, engine
@@ -109,7 +115,7 @@ def test_no_budget_is_least_cost(engine):
         best = brute_force(problem)
         if best is None:
             continue
-        plan = solve_mip(problem, None, engine=engine)
+        plan = solve_mip(problem, None, mip_options(engine))
         assert check_plan(problem, plan).valid
         assert plan.recompute_cost == pytest.approx(best.recompute_cost)
         assert plan.saved_bytes == best.saved_bytes
@@ -125,12 +131,12 @@ def test_infeasible_budget_names_the_smallest_feasible_bytes(engine, view_prob):
         if not low:
             continue
         with pytest.raises(BudgetInfeasibleError) as info:
-            solve_mip(problem, low - 1, engine=engine)
+            solve_mip(problem, low - 1, mip_options(engine))
         err = info.value
         assert isinstance(err, InfeasibleError)
         assert err.budget == low - 1 and err.min_feasible_bytes == low and err.proven
         assert str(low - 1) in str(err) and str(low) in str(err)
-        assert solve_mip(problem, low, engine=engine).saved_bytes == low
+        assert solve_mip(problem, low, mip_options(engine)).saved_bytes == low
         checked += 1
         if checked == 6:
             break
@@ -142,9 +148,9 @@ def test_bad_budgets_raise_value_error():
     with pytest.raises(ValueError, match="-5"):
         solve_mip(problem, -5)
     with pytest.raises(ValueError, match="budget"):
-        solve(problem, "milp", budget=-1)
-    with pytest.raises(ValueError, match="engine"):
-        solve_mip(problem, 10, engine="gurobi")
+        solve(problem, "milp", -1)
+    with pytest.raises(ValueError, match="backend=.gurobi.*expected one of \\['cbc', 'highs'\\]"):
+        check_options("milp", {"backend": "gurobi"}, [SAVED])
 
 
 def test_no_plan_at_all_raises_infeasible():
@@ -158,25 +164,24 @@ def test_no_plan_at_all_raises_infeasible():
     assert not isinstance(info.value, BudgetInfeasibleError)
 
 
-def test_registered_and_options_pass_through():
-    assert {"cpsat", "milp"} <= set(available())
+def test_in_the_catalog_and_options_pass_through():
     problem = random_problem(3, n_forward=9, view_prob=0.3)
     every = Enumeration(problem)
     budget = every.best().saved_bytes // 2 + _min_feasible_bytes(every) // 2
     ref = every.best(budget).recompute_cost
     for name, opts in [("cpsat", {"threads": 1, "seed": 3}), ("milp", {}),
                        ("milp", {"backend": "highs", "time_limit_s": 5})]:
-        plan = solve(problem, name, budget=budget, **opts)
+        plan = solve(problem, name, budget, (CpsatOptions if name == "cpsat" else MilpOptions)(**opts))
         assert plan.solver == name and plan.recompute_cost == pytest.approx(ref)
     with pytest.raises(ValueError, match="backend"):
-        solve(problem, "milp", budget=budget, backend="glpk")
+        check_options("milp", {"backend": "glpk"}, [SAVED])
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_tiny_time_limit_on_a_big_problem_still_returns_a_plan(engine):
     problem = random_problem(11, n_forward=3000, n_backward=3000, n_inputs=20)
     budget = 60_000  # between the least (about 35k) and save-all (about 190k) bytes
-    plan = solve_mip(problem, budget, engine=engine, time_limit_s=0.05)
+    plan = solve_mip(problem, budget, mip_options(engine, time_limit_s=0.05))
     assert check_plan(problem, plan, budget=budget).valid
     assert plan.status in (Status.TIME_LIMIT, Status.OPTIMAL)
     assert plan.gap is not None and plan.bound <= plan.objective
@@ -220,12 +225,12 @@ def test_a_wrong_infeasible_claim_is_caught(monkeypatch):
     problem = random_problem(6, n_forward=9, view_prob=0.4)
     budget = brute_force(problem).saved_bytes
     monkeypatch.setattr(mip_milp, "run_cbc", lambda *a, **k: mip_cpsat.EngineResult("infeasible", None, None))
-    plan = solve_mip(problem, budget, engine="cbc")  # refuted by the fitting min-cut plan
+    plan = solve_mip(problem, budget, mip_options("cbc"))  # refuted by the fitting min-cut plan
     assert plan.status is Status.TIME_LIMIT and "infeasible" in plan.message
     assert check_plan(problem, plan, budget=budget).valid
 
     monkeypatch.setattr(mip, "warm_start", lambda *a, **k: mip.WarmStart(None, None, 0, None))
-    plan = solve_mip(problem, budget, engine="cbc")  # refuted by the least-memory solve
+    plan = solve_mip(problem, budget, mip_options("cbc"))  # refuted by the least-memory solve
     assert plan.status is Status.TIME_LIMIT and "least-memory" in plan.message
     assert check_plan(problem, plan, budget=budget).valid
 
@@ -250,7 +255,7 @@ def test_presolve_keeps_the_optimum_on_chain_heavy_problems():
             budget = int(low + frac * (everything.saved_bytes - low))
             best = every.best(budget)
             for engine in ("cpsat", "highs"):
-                plan = solve_mip(problem, budget, engine=engine, time_limit_s=20)
+                plan = solve_mip(problem, budget, mip_options(engine, time_limit_s=20))
                 assert check_plan(problem, plan, budget=budget).valid
                 assert _close(plan.recompute_cost, best.recompute_cost), (seed, frac, engine)
                 assert plan.saved_bytes == best.saved_bytes, (seed, frac, engine)

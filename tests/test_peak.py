@@ -27,7 +27,8 @@ from opt_remat.verify import (
 )
 from solvers import Problem, Status, check_plan, plan_from_saved, recompute_closure
 from solvers.liveness import simulate_plan
-from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.options import PeakSearchOptions
+from solvers.peak import PeakInfeasibleError, peak_search
 
 
 def _problem(seed):
@@ -76,7 +77,7 @@ def test_peak_model_against_brute_force():
             exact = _brute_peak(table, peak_budget)
             total += 1
             try:
-                plan = solve_peak(p, peak_budget, time_limit_s=10)
+                plan = peak_search(p, peak_budget, options=PeakSearchOptions(time_limit_s=10))
             except PeakInfeasibleError:
                 agree += exact is None
                 continue
@@ -101,7 +102,7 @@ def test_peak_plans_fit_or_the_error_names_a_larger_peak(seed, frac):
         return
     peak_budget = int(top * frac)
     try:
-        plan = solve_peak(p, peak_budget, time_limit_s=5)
+        plan = peak_search(p, peak_budget, options=PeakSearchOptions(time_limit_s=5))
     except PeakInfeasibleError as exc:
         assert exc.min_peak is None or exc.min_peak > peak_budget
         return
@@ -237,7 +238,7 @@ def test_local_search_against_brute_force():
                                          if not recompute_closure(p, s)[1])
 
 
-def test_solve_peak_search_on_small_budgets():
+def test_peak_search_on_small_budgets():
     # below what the stage model admits, the local search still finds fitting plans; the error's
     # smallest peak is one the search reached (so a budget there is feasible)
     for seed in range(40):
@@ -245,12 +246,12 @@ def test_solve_peak_search_on_small_budgets():
         if _save_all_peak(p) is None:
             continue
         try:
-            solve_peak(p, 1, time_limit_s=5)
+            peak_search(p, 1, options=PeakSearchOptions(time_limit_s=5))
             continue
         except PeakInfeasibleError as exc:
             min_peak = exc.min_peak
         assert min_peak is not None
-        plan = solve_peak(p, min_peak, time_limit_s=5)
+        plan = peak_search(p, min_peak, options=PeakSearchOptions(time_limit_s=5))
         assert check_plan(p, plan).valid and simulate_plan(p, plan.saved).peak <= min_peak
 
 
@@ -282,7 +283,7 @@ def test_infeasible_peak_names_the_floor():
     _, problem = problem_from_joint(capture(model, inputs, decompositions="inductor"))
     floor = peak_lower_bound(problem)
     with pytest.raises(PeakInfeasibleError) as info:
-        solve_peak(problem, floor - 1, time_limit_s=5)
+        peak_search(problem, floor - 1, options=PeakSearchOptions(time_limit_s=5))
     assert info.value.floor == floor and str(floor) in str(info.value)
     assert info.value.min_peak >= floor
 
@@ -312,14 +313,14 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
                                             (torch.zeros(2, 32, dtype=torch.long),), meta=True))
     floor = peak_lower_bound(problem)
     with pytest.raises(PeakInfeasibleError) as info:
-        solve_peak(problem, floor - 1, time_limit_s=5)
+        peak_search(problem, floor - 1, options=PeakSearchOptions(time_limit_s=5))
     found = info.value.min_peak
     assert floor <= found <= 1.25 * floor
     assert found <= min(peak for _, peak in frontier_plans(problem))
     # the checkpointing baselines find the blocks from the module paths (weights and rotary tables
     # enter every block, so no value dominates): they save some, and peak far below saving nothing
-    from solvers.baselines import block_boundaries
-    from solvers.registry import solve
+    from solvers.blocks import block_boundaries
+    from solvers.catalog import solve
     bounds, mode = block_boundaries(problem)
     assert mode == "modules" and len(bounds) >= 4
     uniform = solve(problem, "uniform", None)
@@ -376,7 +377,7 @@ def test_peak_solve_reports_its_phases_best_cost_and_bound():
         heard: list[progress.Progress] = []
         with progress.reporting(heard.append):
             try:
-                plan = solve_peak(p, int(0.7 * top), time_limit_s=5)
+                plan = peak_search(p, int(0.7 * top), options=PeakSearchOptions(time_limit_s=5))
             except PeakInfeasibleError:
                 continue
         costs = [h.incumbent for h in heard if h.incumbent is not None]

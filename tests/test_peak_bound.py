@@ -9,7 +9,8 @@ import pytest
 from solvers import Problem, recompute_closure
 from solvers.liveness import simulate_plan
 from solvers.mip_model import build_model, presolve
-from solvers.peak import PeakInfeasibleError, solve_peak
+from solvers.options import PeakSearchOptions
+from solvers.peak import PeakInfeasibleError, peak_search
 from solvers.peak.rows import peak_rows, relaxed_live
 from solvers.peak.relaxation import solve_relaxation
 from solvers.problem import Node, PlanError, Role, Status, plan_from_saved
@@ -93,7 +94,7 @@ def test_relaxation_bound_is_below_the_true_optimum():
             assert relaxed.bound is not None and relaxed.bound <= min(fits) + 1e-12, (seed, budget)
             tight += relaxed.bound >= min(fits) - 1e-12
             # the solve's reported bound is the relaxation's and its plan fits
-            plan = solve_peak(p, budget, time_limit_s=5)
+            plan = peak_search(p, budget, options=PeakSearchOptions(time_limit_s=5))
             assert plan.bound <= min(fits) + 1e-12 <= plan.recompute_cost + 2e-12
             assert simulate_plan(p, plan.saved).peak <= budget
     assert total > 50
@@ -108,7 +109,7 @@ def test_relaxation_proves_budgets_infeasible():
             continue
         smallest = min(simulate_plan(p, plan.saved).peak for plan in _valid_plans(p))
         try:
-            solve_peak(p, smallest - 1, time_limit_s=3)
+            peak_search(p, smallest - 1, options=PeakSearchOptions(time_limit_s=3))
         except PeakInfeasibleError as exc:
             assert exc.min_peak is None or exc.min_peak >= smallest
         else:
@@ -133,7 +134,7 @@ def test_gradients_split_and_activation_only_budgets():
         # step may exceed it by at most the gradients
         top = simulate_plan(bare, [n.name for n in p.candidates if p.can_save(n.name)]).peak
         try:
-            plan = solve_peak(p, top, time_limit_s=3, count_gradients=False)
+            plan = peak_search(p, top, options=PeakSearchOptions(time_limit_s=3), count_gradients=False)
         except PeakInfeasibleError:
             continue
         assert simulate_plan(bare, plan.saved).peak <= top and plan.extra["count_gradients"] is False

@@ -10,9 +10,15 @@ from support.brute_force import Enumeration
 from support.random_problems import repeated_problem
 
 from solvers import check_plan
+from solvers.catalog import check_options
 from solvers.mip import solve_mip
 from solvers.mip_model import build_model, presolve, tie
+from solvers.options import SAVED, CpsatOptions, MilpOptions
 from solvers.symmetry import find_repeated
+
+
+def _options(engine, **options):
+    return CpsatOptions(**options) if engine == "cpsat" else MilpOptions(backend=engine, **options)
 
 
 def _close(a, b):
@@ -44,7 +50,7 @@ def test_ties_on_unstructured_graphs_still_give_valid_plans():
         best = every.best(budget)
         if best is None:
             continue
-        plan = solve_mip(problem, budget, engine="cpsat", symmetry="tie", time_limit_s=10)
+        plan = solve_mip(problem, budget, _options("cpsat", symmetry="tie", time_limit_s=10))
         assert check_plan(problem, plan, budget=budget).valid
         assert plan.recompute_cost >= best.recompute_cost - 1e-9
         if not find_repeated(problem).groups:
@@ -66,11 +72,11 @@ def test_tied_and_warm_solves_against_brute_force(seed):
             continue
         tied_costs = set()
         for engine in ("cpsat", "highs"):
-            warm = solve_mip(problem, budget, engine=engine, symmetry="warm", time_limit_s=20)
+            warm = solve_mip(problem, budget, _options(engine, symmetry="warm", time_limit_s=20))
             assert check_plan(problem, warm, budget=budget).valid
             assert _close(warm.recompute_cost, best.recompute_cost)
             assert warm.saved_bytes == best.saved_bytes
-            tied = solve_mip(problem, budget, engine=engine, symmetry="tie", time_limit_s=20)
+            tied = solve_mip(problem, budget, _options(engine, symmetry="tie", time_limit_s=20))
             assert check_plan(problem, tied, budget=budget).valid
             assert tied.recompute_cost >= best.recompute_cost - 1e-9
             assert tied.status.value != "optimal"  # optimal for the tied problem only
@@ -81,7 +87,7 @@ def test_tied_and_warm_solves_against_brute_force(seed):
 
 def test_unknown_symmetry_is_a_clear_error():
     with pytest.raises(ValueError, match="symmetry"):
-        solve_mip(repeated_problem(0), None, symmetry="layers")
+        check_options("cpsat", {"symmetry": "layers"}, [SAVED])
 
 
 def test_real_llama_layers_are_found(tmp_path):
@@ -96,10 +102,10 @@ def test_real_llama_layers_are_found(tmp_path):
     assert sym.layers == 4 and sym.covered >= 0.6 * len(problem.candidates)
     model = presolve(problem, build_model(problem))
     assert tie(model, sym.groups).num_vars < 0.5 * model.num_vars
-    budget = solve_mip(problem, None, engine="highs").saved_bytes // 2
-    full = solve_mip(problem, budget, engine="highs")
-    warm = solve_mip(problem, budget, engine="highs", symmetry="warm")
+    budget = solve_mip(problem, None, _options("highs")).saved_bytes // 2
+    full = solve_mip(problem, budget, _options("highs"))
+    warm = solve_mip(problem, budget, _options("highs", symmetry="warm"))
     assert _close(warm.recompute_cost, full.recompute_cost)
-    tied = solve_mip(problem, budget, engine="highs", symmetry="tie")
+    tied = solve_mip(problem, budget, _options("highs", symmetry="tie"))
     assert check_plan(problem, tied, budget=budget).valid
     pickle.dumps(tied)  # plans stay plain data

@@ -80,7 +80,7 @@ def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options:
     from ..solve import choose_peak_plan, choose_plan
 
     mode = mode_of(budget_bytes, peak_budget)
-    if mode not in catalog.info(solver).modes:
+    if not catalog.info(solver).supports(mode):
         return SolveResult(status="skipped", error=f"{solver} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
                                                    f"that can: {', '.join(catalog.supporting(mode))})")
     # a run's solver entry may hold options of its other budgets' mode: this pair does without them

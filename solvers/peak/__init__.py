@@ -1,6 +1,6 @@
 """The peak planner: least recompute under a budget on the step's peak live memory.
 
-``solve_peak`` (``solve.py``) runs the phases of ``schedule.py`` on one ``PeakState``
+``peak_search`` (``solve.py``) runs the phases of ``schedule.py`` on one ``PeakState``
 (``state.py``); each phase is a strategy module ``strategy_*.py`` with ``run(state, seconds)``,
 built on the algorithms beside it: the relaxation (``rows.py``, ``cuts.py``, ``relaxation.py``),
 the cheap candidates (``candidates.py``), repairs, grafts, the layer mix and the local search
@@ -9,6 +9,6 @@ the cheap candidates (``candidates.py``), repairs, grafts, the layer mix and the
 
 from ..errors import PeakInfeasibleError
 from .candidates import mincut_under_peak
-from .solve import solve_peak
+from .solve import peak_search
 
-__all__ = ["PeakInfeasibleError", "mincut_under_peak", "solve_peak"]
+__all__ = ["PeakInfeasibleError", "mincut_under_peak", "peak_search"]

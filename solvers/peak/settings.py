@@ -17,8 +17,6 @@ STALL_MIN_S = 3.0
 # once a plan fits, the local search runs on graphs up to this many values only: beyond, its
 # descents gain nothing and the cut rounds need the time
 SEARCH_MAX_VALUES = 2000
-# relative gap (cost - proven bound) / cost at which a peak solve stops
-DEFAULT_GAP = 0.01
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap: a tight gap costs a
 # minute where this one costs seconds
 RELAX_GAP_SHARE = 0.25

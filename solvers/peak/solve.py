@@ -1,7 +1,8 @@
 """Least recompute under a budget on the step's *peak* live memory (and optionally saved bytes).
 
 The step is the one ``solvers.liveness`` simulates (forward in graph order; backward in graph order
-with recomputation just in time; values freed after their last use). ``solve_peak`` keeps one
+with recomputation just in time; values freed after their last use). ``peak_search`` (solver
+"peak-search" of ``solvers.catalog``) keeps one
 ``PeakState`` (``solvers.peak.state``) and runs the phases of ``solvers.peak.schedule`` on it:
 
 * a proven lower bound on the recompute cost of every plan that fits, from the linear relaxation
@@ -19,32 +20,33 @@ with recomputation just in time; values freed after their last use). ``solve_pea
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from .. import interrupt, progress
 from ..budget import format_bytes
 from ..errors import PeakInfeasibleError
 from ..liveness import peak_lower_bound, without_gradients
+from ..options import PeakSearchOptions
 from ..problem import Plan, Problem, Status
 from .candidates import caller_plans, frontier_plans
 from .schedule import run_schedule
-from .settings import DEFAULT_GAP
 from .state import Clock, PeakState
 
+_DEFAULTS = PeakSearchOptions()
 
-def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
-               time_limit_s: float = 60.0, threads: int = 2, seed: int = 0,
-               hint_saved: set[str] | None = None, gap: float = DEFAULT_GAP,
-               candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
+
+def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
+                options: PeakSearchOptions = _DEFAULTS, *,
+                candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
     proven lower bound on the cost of every such plan (``plan.bound``; the gap in
     ``extra["gap"]``; the strategy that found it in ``extra["found_by"]``).
 
     The plans it starts from: min-cut across its trade-off, checkpointing every k-th block or
-    residual value, ``hint_saved`` and ``candidates`` (such as torch's or the default plan). The
-    solve returns as soon as the gap is at most ``gap`` (relative). Its effort scales with the
-    graph (``settings.FULL_EFFORT_VALUES``): a smaller graph gets a share of ``time_limit_s``;
+    residual value, and ``candidates`` (such as torch's or the default plan). The solve returns as
+    soon as the gap is at most ``options.gap`` (relative). Its effort scales with the graph
+    (``settings.FULL_EFFORT_VALUES``): a smaller graph gets a share of ``options.time_limit_s``;
     while no plan fits, all of it until the search stalls. Raises PeakInfeasibleError naming the
     smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
@@ -53,17 +55,15 @@ def solve_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
     if peak_budget < 0:
         raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
     if not count_gradients:
-        plan = solve_peak(without_gradients(problem), peak_budget, budget, time_limit_s=time_limit_s,
-                          threads=threads, seed=seed, hint_saved=hint_saved, gap=gap, candidates=candidates)
+        plan = peak_search(without_gradients(problem), peak_budget, budget, options, candidates=candidates)
         return replace(plan, extra={**plan.extra, "count_gradients": False})
     # Ctrl-C between or inside the phases (the local search is Python) stops the solve with its
     # best plan so far, as inside a native solve (solvers.interrupt)
     with interrupt.stop_on_sigint(lambda: None):
-        clock = Clock(time_limit_s, len(problem.candidates))
-        starts = ([hint_saved] if hint_saved is not None else []) + [set(c) for c in candidates]
-        frontier = frontier_plans(problem) + caller_plans(problem, starts)
-        state = PeakState(problem, peak_budget, budget, clock=clock, threads=threads, seed=seed, gap=gap,
-                          frontier=frontier)
+        clock = Clock(options.time_limit_s, len(problem.candidates))
+        frontier = frontier_plans(problem) + caller_plans(problem, [set(c) for c in candidates])
+        state = PeakState(problem, peak_budget, budget, clock=clock, threads=options.threads, seed=options.seed,
+                          gap=options.gap, frontier=frontier)
         run_schedule(state)
         return _result(state)
 
@@ -85,7 +85,7 @@ def _result(state: PeakState) -> Plan:
              "relaxation_bound": relaxed.bound if relaxed is not None else None,
              "found_by": best.solver, "local_search": best.solver == "local-search",
              "floor": peak_lower_bound(state.problem)}
-    return replace(best, solver="cpsat-peak", budget=state.budget, solve_time_s=state.clock.elapsed(),
+    return replace(best, solver="peak-search", budget=state.budget, solve_time_s=state.clock.elapsed(),
                    status=Status.OPTIMAL if closed else Status.FEASIBLE,
                    objective=cost, bound=lower, extra=extra,
                    message=f"simulated peak {format_bytes(state.best_peak)} (peak budget {format_bytes(state.peak_budget)}); "
