@@ -62,6 +62,17 @@ class Node:
         return self.storage if self.storage is not None else self.name
 
 
+@dataclass(frozen=True)
+class Parameter:
+    """A trained parameter the step reads: a graph input (``node``), for the rank's memory
+    (``solvers.rank_memory``): its size, where it lives in the model and its gradient's value."""
+    node: str  # the input value
+    path: str  # its name in the model: ``model.layers.0.mlp.up_proj.weight``
+    numel: int
+    dim0: int  # its first dimension (FSDP shards along it, padded to a multiple of the ranks)
+    grad: str | None = None  # the backward output that is its gradient, if any
+
+
 class ProblemError(ValueError):
     """A problem description that is not a valid DAG of the model above."""
 
@@ -80,6 +91,8 @@ class Problem:
     # module path -> its class ("pkg.mod.LlamaDecoderLayer"), for every module a node's path runs
     # through: repeated blocks are indexed modules of one class (``solvers.blocks``)
     module_classes: Mapping[str, str] = field(default_factory=dict)
+    # the trained parameters among the inputs (empty when unknown: a published graph file)
+    parameters: tuple[Parameter, ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -98,6 +111,10 @@ class Problem:
             for name in names:
                 if name not in seen:
                     raise ProblemError(f"{kind} value {name!r} is not a node")
+        for param in self.parameters:
+            for name in (param.node, param.grad):
+                if name is not None and name not in seen:
+                    raise ProblemError(f"parameter {param.path!r}: value {name!r} is not a node")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
             if node.role is not Role.BACKWARD:
