@@ -122,8 +122,8 @@ class Simulator:
              on_step: Callable[[Mapping[str, int]], None] | None = None,
              extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None) -> None:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
-        what is live]) and each step in ``steps`` (the graph's bytes alone). ``extra``: bytes the
-        rank holds besides the graph at each position (counted in ``top``); ``release``: kept
+        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the
+        graph at each position (counted in ``top`` and ``steps``); ``release``: kept
         buffers freed after a position (FSDP's gradients at their reduce-scatter)."""
         sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
         buf = sid.__getitem__ if buffer is None else buffer.__getitem__
@@ -156,12 +156,12 @@ class Simulator:
                 if b not in live and counted[g]:
                     live[b] = size[g]
                     total += size[g]
+            here = total if extra is None else total + extra[i]
             if steps is not None:
-                steps.append((phase, v, total))
+                steps.append((phase, v, here))
             if on_step is not None:
                 names = self.buffer_names
                 on_step(dict(zip(map(names.__getitem__, live), live.values())))
-            here = total if extra is None else total + extra[i]
             if here > top[0]:
                 top[:] = [here, phase, v, i, live.copy()]
             for dead in frees.get(i, ()):
@@ -223,9 +223,10 @@ class Simulator:
             return 0, frozenset()
         return top[0], frozenset(self._name(b) for b in top[4])
 
-    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None) -> MemoryCurve:
+    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None,
+              rank: RankHook | None = None) -> MemoryCurve:
         steps: list[tuple[str, int, int]] = []
-        top, grads = self._simulate(saved, steps, on_step)
+        top, grads = self._simulate(saved, steps, on_step, rank)
         live = top[4]
         if not steps:
             return MemoryCurve((), 0, "", "")

@@ -23,11 +23,11 @@ where this model and torch's ``FSDPMemTracker`` differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .blocks import find_blocks
-from .liveness import Simulator, simulator
+from .liveness import MemoryCurve, RankHook, Simulator, simulator
 from .memory_kinds import MemoryKind as K
 from .problem import Parameter, Problem, Role
 from .training import OPTIMIZER_STATES, TrainingSetup
@@ -94,9 +94,9 @@ class RankModel:
     """The rank's memory besides the graph under one set-up, prepared once per problem: ``hook``
     goes to ``Simulator.peak`` / ``_simulate``; ``resident`` says what it added, by kind."""
 
-    def __init__(self, problem: Problem, setup: TrainingSetup) -> None:
+    def __init__(self, problem: Problem, setup: TrainingSetup, sim: Simulator | None = None) -> None:
         self.problem, self.setup = problem, setup
-        self.sim: Simulator = simulator(problem)
+        self.sim: Simulator = sim or simulator(problem)
         units = fsdp_units(problem) if setup.sharded else [Unit("", problem.parameters)]
         self.units = units
         n = setup.shards
@@ -286,3 +286,28 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
                         for i, g in enumerate(graph)) for k in K}
     peak = rank_peak(problem, saved, setup)
     return RankCurve(tuple((ph, sim.names[v]) for ph, v, _ in steps), by_kind, peak)
+
+
+class RankSimulator(Simulator):
+    """A simulator whose peaks and curves are the rank's whole memory: installed on a problem by
+    ``with_rank_memory``, every search that simulates (the fast default, the peak search's
+    checks) plans against it."""
+
+    def __init__(self, problem: Problem, setup: TrainingSetup) -> None:
+        super().__init__(problem)
+        self.model = RankModel(problem, setup, sim=self)
+
+    def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
+        return super().peak(saved, rank or self.model.hook)
+
+    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None,
+              rank: RankHook | None = None) -> MemoryCurve:
+        return super().curve(saved, on_step, rank or self.model.hook)
+
+
+def with_rank_memory(problem: Problem, setup: TrainingSetup) -> Problem:
+    """A copy of ``problem`` whose simulation (``solvers.liveness.simulator``) counts the rank's
+    whole memory under ``setup``: a peak budget on it is a budget of device memory."""
+    copy = replace(problem)
+    copy.__dict__["_simulator"] = RankSimulator(copy, setup)  # (where liveness.simulator keeps it)
+    return copy

@@ -1,0 +1,222 @@
+"""The rank's memory over the step (``solvers.rank_memory``): the training set-up's parsing, the
+per-kind accounting worked out by hand on a two-block problem, the whole-rank simulation against
+the graph's own where they must agree, the device budget's refusal, and (slow) torch's
+``FSDPMemTracker`` on a small HF LLaMA under FSDP2 over 8 fake ranks."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from solvers import Node, Problem, Role
+from solvers.baselines import inputs_only, save_all
+from solvers.device_budget import DeviceBudgetError, device_budget, rank_states, resident_bound
+from solvers.fast_peak import fast_peak_plan
+from solvers.liveness import simulate_plan, simulator
+from solvers.memory_kinds import MemoryKind as K
+from solvers.problem import Parameter
+from solvers.random_problems import random_problem
+from solvers.rank_memory import fsdp_units, rank_curve, rank_peak, with_rank_memory
+from solvers.training import TrainingSetup, TrainingSetupError, training_setup
+
+F, B, I = Role.FORWARD, Role.BACKWARD, Role.INPUT
+
+
+# ---- the set-up -------------------------------------------------------------------------------
+
+def test_setup_from_a_plain_dict():
+    s = training_setup({"param_dtype": "BF16", "sharded_dtype": "fp32", "optimizer": "adamw",
+                        "sharding": "fsdp", "world_size": 8, "reshard": False})
+    assert s == TrainingSetup(param_dtype="bf16", master_dtype="fp32", optimizer="adamw", sharding="fsdp",
+                              ranks=8, reshard_after_forward=False)
+    assert s.shards == 8 and training_setup(None) is None and training_setup(s) is s
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"optimizer": "lion"}, "training.optimizer"),
+    ({"param_dtype": "int3"}, "training.param_dtype"),
+    ({"sharding": "zero2"}, "training.sharding"),
+    ({"ranks": 8}, "training.ranks"),  # eight ranks of sharding 'none'
+    ({"sharding": "fsdp", "ranks": 0}, "training.ranks"),
+    ({"sharding": "fsdp", "ranks": 2, "prefetch": "yes"}, "training.prefetch"),
+    ({"optimiser": "sgd"}, "training.optimiser"),
+])
+def test_setup_errors_name_the_field(raw, field):
+    with pytest.raises(TrainingSetupError) as err:
+        training_setup(raw)
+    assert str(err.value).startswith(field + ":") and "\n" not in str(err.value)
+
+
+# ---- a two-block problem, by hand -------------------------------------------------------------
+
+def _two_blocks() -> Problem:
+    """embed -> layers.0 -> layers.1 -> loss, and its backward; each block has a weight (64
+    elements, first dimension 8), the embedding one of 10 elements (first dimension 5)."""
+    nodes = [
+        Node("x", I), Node("we", I, bytes=40), Node("w0", I, bytes=256), Node("w1", I, bytes=256),
+        Node("e", F, ("x", "we"), bytes=100, module="embed"),
+        Node("h0", F, ("e", "w0"), bytes=100, module="layers.0"),
+        Node("h1", F, ("h0", "w1"), bytes=100, module="layers.1"),
+        Node("loss", F, ("h1",), bytes=4, module=""),
+        Node("t", B, (), bytes=4),
+        Node("gh1", B, ("t", "h1"), bytes=100, module=""),
+        Node("gw1", B, ("gh1", "h0"), bytes=128, module="layers.1"),
+        Node("gh0", B, ("gh1", "w1"), bytes=100, module="layers.1"),
+        Node("gw0", B, ("gh0", "e"), bytes=128, module="layers.0"),
+        Node("ge", B, ("gh0", "w0"), bytes=100, module="layers.0"),
+        Node("gwe", B, ("ge", "x"), bytes=20, module="embed"),
+    ]
+    classes = {"embed": "pkg.Embedding", "layers": "torch.nn.modules.container.ModuleList",
+               "layers.0": "pkg.Block", "layers.1": "pkg.Block"}
+    params = (Parameter("we", "embed.weight", 10, 5, "gwe"), Parameter("w0", "layers.0.weight", 64, 8, "gw0"),
+              Parameter("w1", "layers.1.weight", 64, 8, "gw1"))
+    return Problem(tuple(nodes), forward_outputs=frozenset({"loss"}),
+                   backward_outputs=frozenset({"gwe", "gw0", "gw1"}), module_classes=classes, parameters=params)
+
+
+FSDP2 = TrainingSetup(param_dtype="bf16", master_dtype="fp32", reduce_dtype="fp32", optimizer="adamw",
+                      sharding="fsdp", ranks=2, reshard_after_forward=True, prefetch=False)
+
+
+def _at(curve, value: str) -> dict[K, int]:
+    i = [v for _, v in curve.steps].index(value)
+    return {k: v[i] for k, v in curve.by_kind.items() if v[i]}
+
+
+def test_units_are_the_blocks_and_a_root():
+    units = fsdp_units(_two_blocks())
+    assert [u.path for u in units] == ["layers.0", "layers.1", ""]
+    assert [u.numel for u in units] == [64, 64, 10]
+    assert units[2].padded(4) == 16  # a first dimension of 5 padded to 8: 8 x 2 elements
+
+
+def test_per_kind_accounting_by_hand():
+    p = _two_blocks()
+    saved = {"e", "h0", "h1"}
+    curve = rank_curve(p, saved, FSDP2)
+    # shards in fp32: the root's 5 x 2 padded to 6 x 2 -> 6 elements, each block's 64 -> 32;
+    # AdamW: two states of each
+    states = {K.SHARDED_PARAMS: (6 + 32 + 32) * 4, K.OPTIMIZER: 2 * (6 + 32 + 32) * 4}
+    # the forward in block 0: the root (bf16, 20 B) and block 0 (128 B) gathered, block 0's
+    # all-gather output (128 B); e and h0 live
+    assert _at(curve, "h0") == {**states, K.GATHERED_PARAMS: 20 + 128, K.ALL_GATHER: 128,
+                                K.ACTIVATIONS: 200}
+    # the backward in block 0 (gw0): block 1 is done: its gradient freed at its reduce-scatter,
+    # its reduce-scatter input (64 x fp32) held until block 0's, its shard (32 x fp32) kept
+    assert _at(curve, "gw0") == {**states, K.GATHERED_PARAMS: 20 + 128, K.ALL_GATHER: 128,
+                                 K.SHARDED_GRADS: 128, K.REDUCE_SCATTER: 256, K.GRADIENTS: 128,
+                                 K.ACTIVATIONS: 100, K.TEMPORARIES: 100}
+    # the root's backward after the blocks: both shards, block 0's reduce-scatter buffer
+    assert _at(curve, "gwe") == {**states, K.GATHERED_PARAMS: 20, K.SHARDED_GRADS: 256,
+                                 K.REDUCE_SCATTER: 256, K.GRADIENTS: 20, K.TEMPORARIES: 100}
+    totals = [sum(v[i] for v in curve.by_kind.values()) for i in range(len(curve.steps))]
+    assert curve.peak.total == max(totals) == sum(curve.peak.by_kind.values())
+
+
+def test_without_resharding_blocks_stay_gathered_and_prefetch_holds_the_next():
+    p = _two_blocks()
+    saved = {"e", "h0", "h1"}
+    kept = rank_curve(p, saved, TrainingSetup(**{**FSDP2.__dict__, "reshard_after_forward": False}))
+    assert _at(kept, "h1")[K.GATHERED_PARAMS] == 20 + 128 + 128
+    assert _at(kept, "gw1")[K.GATHERED_PARAMS] == 20 + 128 + 128
+    assert _at(kept, "gw0")[K.GATHERED_PARAMS] == 20 + 128  # block 1 resharded after its backward
+    assert K.ALL_GATHER not in _at(kept, "gw0")  # nothing gathered again in the backward
+    ahead = rank_curve(p, saved, TrainingSetup(**{**FSDP2.__dict__, "prefetch": True}))
+    assert _at(ahead, "h0")[K.ALL_GATHER] == 128  # block 1's output while block 0 runs
+    assert _at(ahead, "gwe").get(K.ALL_GATHER, 0) == 0
+
+
+def test_one_device_keeps_gradients_to_the_end():
+    p = _two_blocks()
+    one = TrainingSetup(param_dtype="fp32", optimizer="sgd-momentum")
+    curve = rank_curve(p, {"e", "h0", "h1"}, one)
+    assert _at(curve, "gwe") == {K.SHARDED_PARAMS: 138 * 4, K.OPTIMIZER: 138 * 4,
+                                 K.GRADIENTS: 128 + 128 + 20, K.TEMPORARIES: 100}
+
+
+# ---- against the graph's own simulation -------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(12))
+def test_without_a_setup_the_peak_is_the_graphs(seed):
+    p = random_problem(seed)
+    for plan in (save_all(p), inputs_only(p)):
+        assert rank_peak(p, plan.saved, None).total == simulate_plan(p, plan.saved).peak
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_setup_adds_at_least_the_states(seed):
+    """Without parameters a set-up adds nothing; the peak never drops below the graph's."""
+    p = random_problem(seed)
+    saved = save_all(p).saved
+    peak = rank_peak(p, saved, TrainingSetup(sharding="fsdp", ranks=4))
+    assert peak.total == simulate_plan(p, saved).peak
+
+
+def test_the_rank_simulator_is_what_the_searches_see():
+    p = _two_blocks()
+    on_rank = with_rank_memory(p, FSDP2)
+    rng = random.Random(0)
+    for _ in range(5):
+        saved = {v for v in ("e", "h0", "h1") if rng.random() < 0.7}
+        expect = rank_peak(p, saved, FSDP2).total
+        assert simulator(on_rank).peak(saved)[0] == expect == simulate_plan(on_rank, saved).peak
+
+
+def test_fast_default_fits_the_device():
+    p = _two_blocks()
+    on_rank = with_rank_memory(p, FSDP2)
+    lowest = min(rank_peak(p, s, FSDP2).total for s in ({"e", "h0", "h1"}, {"e"}, {"e", "h1"}))
+    plan = fast_peak_plan(on_rank, lowest + 1)
+    assert rank_peak(p, plan.saved, FSDP2).total <= lowest + 1
+
+
+# ---- the device budget ------------------------------------------------------------------------
+
+def test_device_budget_is_conservative_and_refuses_with_what_fits():
+    p = _two_blocks()
+    states = rank_states(p, FSDP2)
+    assert states == {K.SHARDED_PARAMS: 280, K.OPTIMIZER: 560, K.SHARDED_GRADS: 280}
+    bound = resident_bound(p, FSDP2)
+    got = device_budget(p, FSDP2, 4000)
+    assert got.peak_budget == 4000 - sum(bound.values())
+    # states 1120 B; root 20 and two blocks 256 gathered, all-gather 128, reduce-scatter 256
+    assert got.peak_budget == 4000 - 1120 - 276 - 128 - 256
+    # a plan whose graph peak fits the conservative budget fits the device
+    for saved in ({"e", "h0", "h1"}, {"e"}):
+        assert simulate_plan(p, saved).peak <= got.peak_budget
+        assert rank_peak(p, saved, FSDP2).total <= 4000
+    # no plan's graph peaks below 456 B; the states over 4 ranks (4 + 16 + 16 elements, 16 B each
+    # with AdamW's two fp32 states and the gradient shard) are 576 B: 1032 B; over 8 ranks 744 B;
+    # bf16 state over 2 ranks 840 + 456 B
+    with pytest.raises(DeviceBudgetError) as err:
+        device_budget(p, FSDP2, 1000)
+    text = str(err.value)
+    assert text.endswith("would fit with FSDP over 8 ranks") and "optimizer state 560 B" in text
+    assert "\n" not in text
+    assert "the optimizer state in bf16" in str(pytest.raises(DeviceBudgetError, device_budget, p, FSDP2, 1300).value)
+
+
+# ---- torch's FSDPMemTracker -------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reshard", [True, False])
+def test_against_fsdp_mem_tracker(reshard):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_rank_memory as bench
+    predicted, tracked = bench.compare(_llama_problem(bench), reshard)
+    for kind in (K.SHARDED_PARAMS, K.GATHERED_PARAMS, K.SHARDED_GRADS, K.OPTIMIZER):
+        assert predicted[kind] == pytest.approx(tracked[kind], rel=0.02), kind
+    assert predicted["total"] == pytest.approx(tracked["total"], rel=0.05)
+
+
+_LLAMA: list = []
+
+
+def _llama_problem(bench):
+    if not _LLAMA:
+        _LLAMA.append(bench.llama_problem())
+    return _LLAMA[0]
