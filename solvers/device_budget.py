@@ -57,7 +57,7 @@ def rank_states(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
     if setup.sharded:
         out[K.SHARDED_GRADS] = sum(model.grad_shard)
     else:
-        out.update({k: v[0] for k, v in model._constant(1).items() if k not in out})
+        out.update({k: v for k, v in model.constant().items() if k not in out})
     return out
 
 

@@ -33,6 +33,10 @@ from .problem import Parameter, Problem, Role
 from .training import OPTIMIZER_STATES, TrainingSetup
 
 
+# what the rank holds besides the graph: (kind, first position, position after the last, bytes)
+Events = list[tuple[K, int, int, int]]
+
+
 @dataclass(frozen=True)
 class Unit:
     path: str  # the block's module path; "" for the root unit (everything outside the blocks)
@@ -119,82 +123,74 @@ class RankModel:
                 if p.grad is not None:
                     grad_unit[ids[p.grad]] = u
         self.grad_unit = grad_unit
-        self.last: tuple[dict[K, list[int]], dict[K, list[int]]] | None = None
+        self.last: tuple[Events, Events] | None = None  # the latest simulation's intervals
 
-    # ---- what the rank holds at each position -----------------------------------------------
-    def _constant(self, length: int) -> dict[K, list[int]]:
-        kinds = {K.SHARDED_PARAMS: [self.sharded_params] * length, K.OPTIMIZER: [self.optimizer] * length}
+    # ---- what the rank holds at each position: intervals [lo, hi) of positions ---------------
+    def constant(self) -> dict[K, int]:
+        """The kinds held at every position whatever the plan (one device, DDP: all of them)."""
+        kinds = {K.SHARDED_PARAMS: self.sharded_params, K.OPTIMIZER: self.optimizer}
         s = self.setup
         if not s.sharded:
             whole = self.units[0].numel
             if s.param_dtype != s.master_dtype:
-                kinds[K.GATHERED_PARAMS] = [whole * s.bytes_of("param_dtype")] * length
+                kinds[K.GATHERED_PARAMS] = whole * s.bytes_of("param_dtype")
             if s.sharding == "ddp":
-                kinds[K.REDUCE_SCATTER] = [whole * s.bytes_of("reduce_dtype")] * length
+                kinds[K.REDUCE_SCATTER] = whole * s.bytes_of("reduce_dtype")
         return kinds
 
-    def _forward(self, order: Sequence[int]) -> dict[K, list[int]]:
-        kinds = self._constant(len(order))
+    def _forward(self, order: Sequence[int]) -> Events:
+        n = len(order)
+        events: Events = [(k, 0, n, v) for k, v in self.constant().items()]
         if not self.setup.sharded:
-            return kinds
-        root, blocks = len(self.units) - 1, len(self.units) - 1
+            return events
+        root = len(self.units) - 1  # also the number of blocks
         # a block runs from its first to its last forward value: an ``either`` value a plan saves
         # runs where the graph has it (often with the backward's), not inside its block's forward
-        spans = _spans(order, self.unit, self.is_forward)
-        gathered = [self.gathered[root]] * len(order)
-        for b, (first, last) in spans.items():
-            end = last if self.setup.reshard_after_forward else len(order) - 1
-            for i in range(first, end + 1):
-                gathered[i] += self.gathered[b]
+        spans = sorted(_spans(order, self.unit, self.is_forward).items(), key=lambda s: s[1])
+        events.append((K.GATHERED_PARAMS, 0, n, self.gathered[root]))
         # the latest all-gather's output: the running block's, or with prefetch the next one's
-        latest = [root] * len(order)
-        for b, (first, last) in sorted(spans.items()):
-            nxt = b + 1 if self.setup.prefetch and b + 1 < blocks else b
-            for i in range(first, len(order)):
-                latest[i] = nxt if i <= last else b
-        kinds[K.GATHERED_PARAMS] = gathered
-        kinds[K.ALL_GATHER] = [self.all_gather[u] for u in latest]
-        return kinds
+        events.append((K.ALL_GATHER, 0, spans[0][1][0] if spans else n, self.all_gather[root]))
+        for k, (b, (first, last)) in enumerate(spans):
+            end = last + 1 if self.setup.reshard_after_forward else n
+            events.append((K.GATHERED_PARAMS, first, end, self.gathered[b]))
+            nxt = b + 1 if self.setup.prefetch and b + 1 < root else b
+            after = spans[k + 1][1][0] if k + 1 < len(spans) else n
+            events += [(K.ALL_GATHER, first, last + 1, self.all_gather[nxt]),
+                       (K.ALL_GATHER, last + 1, max(after, last + 1), self.all_gather[b])]
+        return events
 
-    def _backward(self, order: Sequence[int]) -> tuple[dict[K, list[int]], dict[int, list[int]]]:
+    def _backward(self, order: Sequence[int]) -> tuple[Events, dict[int, list[int]]]:
         """The resident kinds per backward position, and which gradient ids are freed after one."""
-        kinds = self._constant(len(order))
+        n = len(order)
+        events: Events = [(k, 0, n, v) for k, v in self.constant().items()]
         if not self.setup.sharded:
-            return kinds, {}
-        setup, length = self.setup, len(order)
+            return events, {}
+        setup = self.setup
         root = len(self.units) - 1
         spans = _spans(order, self.unit)
-        gathered = [self.gathered[root]] * length
+        events.append((K.GATHERED_PARAMS, 0, n, self.gathered[root]))
         for b, (first, last) in spans.items():
-            start = first if setup.reshard_after_forward else 0
-            for i in range(start, last + 1):
-                gathered[i] += self.gathered[b]
-        all_gather = [0] * length
+            events.append((K.GATHERED_PARAMS, first if setup.reshard_after_forward else 0, last + 1,
+                           self.gathered[b]))
         if setup.reshard_after_forward:
             # before the first block's backward: the forward's last all-gather is still held
             starts = sorted((first, b) for b, (first, _) in spans.items())
-            for i in range(starts[0][0] if starts else length):
-                all_gather[i] = self.all_gather[root - 1] if root else 0
+            if root:
+                events.append((K.ALL_GATHER, 0, starts[0][0] if starts else n, self.all_gather[root - 1]))
             for k, (first, b) in enumerate(starts):
                 upto = starts[k + 1][0] if k + 1 < len(starts) else spans[b][1] + 1
                 nxt = b - 1 if setup.prefetch and b > 0 else b
-                for i in range(first, upto):
-                    all_gather[i] = self.all_gather[nxt]
-        shards, reduce = [0] * length, [0] * length
+                events.append((K.ALL_GATHER, first, upto, self.all_gather[nxt]))
         done = sorted((last, b) for b, (_, last) in spans.items())
         for k, (last, b) in enumerate(done):
-            until = done[k + 1][0] if k + 1 < len(done) else length - 1
-            for i in range(last + 1, length):
-                shards[i] += self.grad_shard[b]
-            for i in range(last + 1, until + 1):
-                reduce[i] += self.reduce[b]
-        kinds.update({K.GATHERED_PARAMS: gathered, K.ALL_GATHER: all_gather,
-                      K.SHARDED_GRADS: shards, K.REDUCE_SCATTER: reduce})
+            until = done[k + 1][0] + 1 if k + 1 < len(done) else n
+            events += [(K.SHARDED_GRADS, last + 1, n, self.grad_shard[b]),
+                       (K.REDUCE_SCATTER, last + 1, until, self.reduce[b])]
         release: dict[int, list[int]] = {}
         for g, u in self.grad_unit.items():
             if u in spans:
                 release.setdefault(spans[u][1], []).append(g)
-        return kinds, release
+        return events, release
 
     def hook(self, sim: Simulator, forward: list[int], backward: list[int],
              bw: dict[int, int]) -> tuple[list[int], list[int], dict[int, list[int]]]:
@@ -221,15 +217,26 @@ class RankModel:
         return out
 
 
-def _total(kinds: Mapping[K, list[int]], length: int) -> list[int]:
-    total = [0] * length
-    for values in kinds.values():
-        total = [a + b for a, b in zip(total, values)]
-    return total
+def _total(events: Events, length: int) -> list[int]:
+    """The bytes at each position: the intervals summed through one difference array."""
+    delta = [0] * (length + 1)
+    for _, lo, hi, nbytes in events:
+        if lo < hi:
+            delta[lo] += nbytes
+            delta[hi] -= nbytes
+    out, running = [], 0
+    for d in delta[:length]:
+        running += d
+        out.append(running)
+    return out
 
 
-def _at(kinds: Mapping[K, list[int]], i: int) -> dict[K, int]:
-    return {k: v[i] for k, v in kinds.items()}
+def _at(events: Events, i: int) -> dict[K, int]:
+    out: dict[K, int] = {}
+    for kind, lo, hi, nbytes in events:
+        if lo <= i < hi:
+            out[kind] = out.get(kind, 0) + nbytes
+    return out
 
 
 def _ordered(kinds: Mapping[K, int]) -> dict[K, int]:
