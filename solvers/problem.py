@@ -112,9 +112,9 @@ class Problem:
                 if name not in seen:
                     raise ProblemError(f"{kind} value {name!r} is not a node")
         for param in self.parameters:
-            for name in (param.node, param.grad):
-                if name is not None and name not in seen:
-                    raise ProblemError(f"parameter {param.path!r}: value {name!r} is not a node")
+            for value in (param.node, param.grad):
+                if value is not None and value not in seen:
+                    raise ProblemError(f"parameter {param.path!r}: value {value!r} is not a node")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
             if node.role is not Role.BACKWARD:

@@ -265,7 +265,7 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
     model = RankModel(problem, setup or TrainingSetup())
     graph: list[dict[K, int]] = []
     steps: list[tuple[str, int, int]] = []
-    grads_now: set[int] = set()
+    grads_now: set[str] = set()
     fresh = len(sim.size)
     grad_ids = set(sim.grads)
 
@@ -283,7 +283,7 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
         if sim.sid[g] < fresh and not sim.is_view[g]:
             grads_now.add(sim.storage_names[sim.sid[g]])
     hook = model.hook if setup is not None else None
-    top, grads = sim._simulate(saved, steps, on_step, hook)
+    sim._simulate(saved, steps, on_step, hook)
     n_fw = sum(1 for ph, _, _ in steps if ph == "forward")
     resident: list[dict[K, int]] = []
     if setup is not None and model.last is not None:
