@@ -173,6 +173,17 @@ def test_fast_default_fits_the_device():
     assert rank_peak(p, plan.saved, FSDP2).total <= lowest + 1
 
 
+def test_peak_search_fits_the_device():
+    """The peak search on the rank's problem: its relaxation counts the graph alone (a weaker,
+    still valid bound); every plan it returns is judged by the rank's simulation."""
+    from solvers.peak.solve import solve_peak
+    p = _two_blocks()
+    peaks = {frozenset(s): rank_peak(p, s, FSDP2).total for s in ({"e", "h0", "h1"}, {"e"}, {"e", "h1"})}
+    device = min(peaks.values())
+    plan = solve_peak(with_rank_memory(p, FSDP2), device, time_limit_s=5)
+    assert rank_peak(p, plan.saved, FSDP2).total <= device < max(peaks.values())
+
+
 # ---- the device budget ------------------------------------------------------------------------
 
 def test_device_budget_is_conservative_and_refuses_with_what_fits():
