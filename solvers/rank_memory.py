@@ -7,7 +7,8 @@ FSDP (FSDP2's ``fully_shard`` per block, the rest one root unit; blocks from mod
 * sharded parameters (master dtype, each parameter's first dimension padded to a multiple of the
   ranks) and the optimizer state on them: always;
 * gathered parameters (compute dtype): the root's for the whole step; a block's from its first to
-  its last position in the forward, and again in the backward (recomputation included); with
+  its last forward value; in the backward from its first backward value to its last value, and
+  before that for each run of its recomputation (``_backward_runs``); with
   ``reshard_after_forward`` off, from its forward until the end of its backward;
 * all-gather buffer: the output of the latest all-gather, held until the next one (a block's
   while it runs; with prefetch, the next block's); none in the backward without resharding;
@@ -94,6 +95,40 @@ def _spans(order: Sequence[int], unit: Sequence[int],
     return spans
 
 
+def _backward_runs(order: Sequence[int], unit: Sequence[int],
+                   is_backward: Sequence[bool]) -> dict[int, list[tuple[int, int, bool]]]:
+    """Per block, the runs of backward positions its parameters are gathered for: (first, last,
+    whether it is the block's own backward). Its backward runs from its first backward value to its
+    last value (FSDP2's pre- and post-backward hooks); before that, its recomputation runs in
+    pieces, a new one wherever another block ran in between (FSDP reshards a recomputed block
+    after its forward; a plan that recomputes the whole forward at once gathers one block at a
+    time)."""
+    first_backward: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, v in enumerate(order):
+        b = unit[v]
+        if b >= 0:
+            last[b] = i
+            if is_backward[v]:
+                first_backward.setdefault(b, i)
+    runs: dict[int, list[tuple[int, int, bool]]] = {b: [] for b in last}
+    previous = -1  # the block of the latest block value
+    for i, v in enumerate(order):
+        b = unit[v]
+        if b < 0:
+            continue
+        if i < first_backward.get(b, len(order)):
+            pieces = runs[b]
+            if pieces and previous == b:
+                pieces[-1] = (pieces[-1][0], i, False)
+            else:
+                pieces.append((i, i, False))
+        previous = b
+    for b, start in first_backward.items():
+        runs[b].append((start, last[b], True))
+    return runs
+
+
 class RankModel:
     """The rank's memory besides the graph under one set-up, prepared once per problem: ``hook``
     goes to ``Simulator.peak`` / ``_simulate``; ``resident`` says what it added, by kind."""
@@ -117,6 +152,7 @@ class RankModel:
         block_of = blocks.block_of if blocks is not None and setup.sharded else {}
         self.unit = [block_of.get(name, -1) for name in self.sim.names]  # -1: the root unit
         self.is_forward = [r is Role.FORWARD for r in self.sim.role]
+        self.is_backward = [r is Role.BACKWARD for r in self.sim.role]
         grad_unit: dict[int, int] = {}
         for u, unit in enumerate(units):
             for p in unit.parameters:
@@ -168,19 +204,24 @@ class RankModel:
         setup = self.setup
         root = len(self.units) - 1
         spans = _spans(order, self.unit)
+        runs = _backward_runs(order, self.unit, self.is_backward)
         events.append((K.GATHERED_PARAMS, 0, n, self.gathered[root]))
-        for b, (first, last) in spans.items():
-            events.append((K.GATHERED_PARAMS, first if setup.reshard_after_forward else 0, last + 1,
-                           self.gathered[b]))
+        for b, (_, last) in spans.items():
+            if setup.reshard_after_forward:
+                events += [(K.GATHERED_PARAMS, lo, hi + 1, self.gathered[b]) for lo, hi, _ in runs[b]]
+            else:
+                events.append((K.GATHERED_PARAMS, 0, last + 1, self.gathered[b]))
         if setup.reshard_after_forward:
-            # before the first block's backward: the forward's last all-gather is still held
-            starts = sorted((first, b) for b, (first, _) in spans.items())
+            # each run starts with an all-gather whose output is held until the next one (with
+            # prefetch, a block's backward gathers the block before it); before the first, the
+            # forward's last all-gather is still held
+            starts = sorted((lo, hi, b, in_backward) for b, rs in runs.items() for lo, hi, in_backward in rs)
             if root:
                 events.append((K.ALL_GATHER, 0, starts[0][0] if starts else n, self.all_gather[root - 1]))
-            for k, (first, b) in enumerate(starts):
-                upto = starts[k + 1][0] if k + 1 < len(starts) else spans[b][1] + 1
-                nxt = b - 1 if setup.prefetch and b > 0 else b
-                events.append((K.ALL_GATHER, first, upto, self.all_gather[nxt]))
+            for k, (lo, hi, b, in_backward) in enumerate(starts):
+                upto = starts[k + 1][0] if k + 1 < len(starts) else hi + 1
+                nxt = b - 1 if setup.prefetch and in_backward and b > 0 else b
+                events.append((K.ALL_GATHER, lo, upto, self.all_gather[nxt]))
         done = sorted((last, b) for b, (_, last) in spans.items())
         for k, (last, b) in enumerate(done):
             until = done[k + 1][0] + 1 if k + 1 < len(done) else n
