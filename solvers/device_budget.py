@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .budget import format_bytes
-from .liveness import peak_lower_bound
+from .liveness import peak_lower_bound, without_gradients
 from .memory_kinds import MemoryKind as K
 from .problem import Problem
 from .rank_memory import RankModel
@@ -37,11 +37,15 @@ class DeviceBudget:
     states: Mapping[K, int]  # held at the end of the backward whatever the plan
     resident_bound: Mapping[K, int]  # the most held besides the graph at any position, any plan
     graph_floor: int  # no plan's graph peak is lower (``liveness.peak_lower_bound``)
+    # whether ``peak_budget`` is for the graph's peak with its gradients (one device, DDP) or
+    # without them (FSDP frees each block's at its reduce-scatter: ``resident_bound`` has them)
+    count_gradients: bool = True
 
     @property
     def peak_budget(self) -> int:
-        """A budget for the graph's own peak under which the rank's whole peak fits the device,
-        wherever the peak falls (0 when the bound leaves nothing: plan with ``with_rank_memory``)."""
+        """A budget for the graph's own peak (``count_gradients`` says whether with its
+        gradients) under which the rank's whole peak fits the device, wherever the peak falls
+        (0 when the bound leaves nothing: plan with ``with_rank_memory``)."""
         return max(0, self.device_bytes - sum(self.resident_bound.values()))
 
     def describe(self) -> str:
@@ -64,7 +68,8 @@ def rank_states(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
 def resident_bound(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
     """The most the rank holds besides the graph at any position, under any plan: the states,
     and under FSDP the root and two blocks gathered (a recomputation may reach into the block
-    before), every block without resharding, the largest all-gather and reduce-scatter buffers."""
+    before), every block without resharding, the largest all-gather and reduce-scatter buffers,
+    and the graph's gradients of the root and of two blocks (the rest are reduce-scattered)."""
     out = rank_states(problem, setup)
     if not setup.sharded:
         return out
@@ -76,6 +81,7 @@ def resident_bound(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
     else:
         gathered = root + sum(blocks)
     out[K.GATHERED_PARAMS] = gathered
+    out[K.GRADIENTS] = root + sum(sorted(blocks, reverse=True)[:2])  # compute dtype, as gathered
     out[K.ALL_GATHER] = max(model.all_gather, default=0)
     out[K.REDUCE_SCATTER] = max(model.reduce, default=0)
     return out
@@ -106,14 +112,16 @@ def device_budget(problem: Problem, setup: TrainingSetup, device_bytes: int) -> 
     and the smallest graph peak any plan reaches cannot fit together."""
     if device_bytes <= 0:
         raise DeviceBudgetError(f"device memory must be > 0 bytes, got {device_bytes}")
-    floor = peak_lower_bound(problem)
+    # under FSDP the graph's gradients do not live to the end: the floor leaves them out
+    floor = peak_lower_bound(without_gradients(problem) if setup.sharded else problem)
     states = rank_states(problem, setup)
-    found = DeviceBudget(device_bytes, states, resident_bound(problem, setup), floor)
+    found = DeviceBudget(device_bytes, states, resident_bound(problem, setup), floor,
+                         count_gradients=not setup.sharded)
     if sum(states.values()) + floor > device_bytes:
         fix = _what_fits(problem, setup, device_bytes, floor)
         hint = f"; would fit with {' or '.join(fix)}" if fix else "; no sharding or optimizer dtype tried fits"
         raise DeviceBudgetError(
             f"device memory {format_bytes(device_bytes)} cannot hold the step ({setup.describe()}): "
-            f"{found.describe()}, and no plan's activations and gradients peak below "
+            f"{found.describe()}, and no plan's graph peaks below "
             f"{format_bytes(floor)}{hint}")
     return found

@@ -16,7 +16,7 @@ from solvers import Node, Problem, Role
 from solvers.baselines import inputs_only, save_all
 from solvers.device_budget import DeviceBudgetError, device_budget, rank_states, resident_bound
 from solvers.fast_peak import fast_peak_plan
-from solvers.liveness import simulate_plan, simulator
+from solvers.liveness import simulate_plan, simulator, without_gradients
 from solvers.memory_kinds import MemoryKind as K
 from solvers.problem import Parameter
 from solvers.random_problems import random_problem
@@ -217,24 +217,28 @@ def test_device_budget_is_conservative_and_refuses_with_what_fits():
     states = rank_states(p, FSDP2)
     assert states == {K.SHARDED_PARAMS: 280, K.OPTIMIZER: 560, K.SHARDED_GRADS: 280}
     bound = resident_bound(p, FSDP2)
-    got = device_budget(p, FSDP2, 4000)
-    assert got.peak_budget == 4000 - sum(bound.values())
-    # states 1120 B; root 20 and two blocks 256 gathered, all-gather 128, reduce-scatter 256
-    assert got.peak_budget == 4000 - 1120 - 276 - 128 - 256
-    # a plan whose graph peak fits the conservative budget fits the device
-    for saved in ({"e", "h0", "h1"}, {"e"}):
-        assert simulate_plan(p, saved).peak <= got.peak_budget
-        assert rank_peak(p, saved, FSDP2).total <= 4000
-    # no plan's graph peaks below 456 B; the states over 4 ranks (4 + 16 + 16 elements, 16 B each
-    # with AdamW's two fp32 states and the gradient shard) are 576 B: 1032 B; over 8 ranks 744 B;
-    # bf16 state over 2 ranks 840 + 456 B
-    with pytest.raises(DeviceBudgetError) as err:
-        device_budget(p, FSDP2, 1000)
-    text = str(err.value)
-    assert text.endswith("would fit with FSDP over 8 ranks") and "optimizer state 560 B" in text
-    assert "\n" not in text
-    with pytest.raises(DeviceBudgetError, match="or the optimizer state in bf16"):
-        device_budget(p, FSDP2, 1300)
+    # states 1120 B; root 20 and two blocks 256 gathered, all-gather 128, reduce-scatter 256,
+    # the gradients of the root and two blocks (bf16, as gathered) 276
+    assert sum(bound.values()) == 1120 + 276 + 128 + 256 + 276
+    # tight: the graph's peak without its gradients (FSDP frees them) is 404 B for these plans;
+    # fitting it fits the device
+    device = sum(bound.values()) + 404
+    got = device_budget(p, FSDP2, device)
+    assert got.peak_budget == 404 and not got.count_gradients
+    for saved in ({"e", "h0", "h1"}, {"e"}, {"e", "h1"}):
+        if simulate_plan(without_gradients(p), saved).peak <= got.peak_budget:
+            assert rank_peak(p, saved, FSDP2).total <= device
+    # no plan's graph peaks below 204 B without gradients; the states over 2 ranks are 1120 B,
+    # over 4 ranks (4 + 16 + 16 elements, 16 B each with AdamW's two fp32 states and the gradient
+    # shard) 576 B, over 8 ranks 288 B; a bf16 state over 2 ranks 840 B
+    for device, fix in ((700, "FSDP over 8 ranks"), (1000, "FSDP over 4 ranks"),
+                        (1300, "FSDP over 4 ranks or the optimizer state in bf16")):
+        with pytest.raises(DeviceBudgetError) as err:
+            device_budget(p, FSDP2, device)
+        text = str(err.value)
+        assert text.endswith("would fit with " + fix) and "optimizer state 560 B" in text, text
+        assert "\n" not in text
+    assert device_budget(p, FSDP2, 1324).graph_floor == 204
 
 
 # ---- torch's FSDPMemTracker -------------------------------------------------------------------
