@@ -262,3 +262,30 @@ def _llama_problem(bench):
     if not _LLAMA:
         _LLAMA.append(bench.llama_problem())
     return _LLAMA[0]
+
+
+# ---- the parameters recorded by build ---------------------------------------------------------
+
+def test_build_records_the_parameters_and_their_gradients():
+    import torch
+
+    from opt_remat.build import problem_from_joint
+    from opt_remat.capture import capture
+    from opt_remat.models import Llama
+
+    def factory():
+        return Llama(layers=2, d_model=32, heads=2, seq=16)
+
+    joint = capture(factory, (torch.zeros(2, 16, dtype=torch.long),), meta=True)
+    problem = problem_from_joint(joint)[1]
+    expect = {name: p for name, p in factory().named_parameters()}
+    assert {p.path: p.numel for p in problem.parameters} == {n: p.numel() for n, p in expect.items()}
+    assert all(p.dim0 == expect[p.path].shape[0] for p in problem.parameters)
+    assert {p.grad for p in problem.parameters} <= problem.backward_outputs
+    for p in problem.parameters:  # each gradient has its parameter's size (fp32: 4 bytes each)
+        assert problem.by_name[p.grad].bytes == 4 * p.numel
+    units = fsdp_units(problem)
+    assert [u.path for u in units] == ["blocks.0", "blocks.1", ""]
+    assert [u.numel for u in units] == [sum(p.numel() for n, p in expect.items() if n.startswith(pre))
+                                        for pre in ("blocks.0.", "blocks.1.")] + [
+        sum(p.numel() for n, p in expect.items() if not n.startswith("blocks."))]
