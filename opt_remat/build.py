@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils.checkpoint import CheckpointPolicy
 
 from solvers import Node, Problem, Role
+from solvers.problem import Parameter
 
 from .canonical import clean_source
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
@@ -230,6 +231,26 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
     )
 
 
+def parameters_of(joint_module: fx.GraphModule, input_roles: list[str] | None,
+                  bwd_outputs: list[Any]) -> tuple[Parameter, ...]:
+    """The trained parameters among the joint graph's primals (``param NAME`` in the capture's
+    input roles), each with its gradient: AOTAutograd returns one gradient per primal, in order."""
+    if not input_roles:
+        return ()
+    primals = [n for n in joint_module.graph.find_nodes(op="placeholder") if n.name.startswith("primals_")]
+    out = []
+    for i, (node, role) in enumerate(zip(primals, input_roles)):
+        val = node.meta.get("val")
+        if not role.startswith("param ") or not isinstance(val, torch.Tensor):
+            continue
+        grad = bwd_outputs[i] if i < len(bwd_outputs) and isinstance(bwd_outputs[i], fx.Node) else None
+        numel = int(optimization_hint(val.numel(), fallback=0))
+        dim0 = int(optimization_hint(val.shape[0], fallback=1)) if val.dim() else 1
+        out.append(Parameter(node=node.name, path=role.removeprefix("param "), numel=numel, dim0=dim0,
+                             grad=grad.name if grad is not None else None))
+    return tuple(out)
+
+
 def build_problem(
     joint_module: fx.GraphModule,
     *,
@@ -239,10 +260,12 @@ def build_problem(
     count_input_bytes: bool = False,
     node_info: tp.NodeInfo | None = None,
     costs: str = "roofline",
+    input_roles: list[str] | None = None,
 ) -> Problem:
     """The save/recompute problem of a (prepared) joint graph; node names are the FX names.
     ``costs``: "roofline" (estimated from flops and bytes on ``device``'s profile) or "profile"
-    (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``)."""
+    (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``).
+    ``input_roles`` (the capture's, per primal) name the parameters, for the rank's memory."""
     if costs not in ("roofline", "profile"):
         raise ValueError(f"costs must be 'roofline' or 'profile', got {costs!r}")
     profile = get_profile(device)
@@ -286,7 +309,8 @@ def build_problem(
                    count_input_bytes=count_input_bytes, name=joint_module.__class__.__name__,
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
                    backward_outputs=frozenset(n.name for n in bwd_out_nodes),
-                   module_classes=module_classes)
+                   module_classes=module_classes,
+                   parameters=parameters_of(joint_module, input_roles, list(bwd_outputs)))
 
 
 def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100",
@@ -297,5 +321,5 @@ def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str,
     prepared.module = prepare_joint(prepared.module, rng_replay=rng_replay)
     problem = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs,
                             static_lifetime_input_indices=prepared.static_lifetime_input_indices,
-                            device=device, costs=costs)
+                            device=device, costs=costs, input_roles=prepared.input_roles)
     return prepared, problem

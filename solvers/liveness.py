@@ -17,11 +17,16 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .problem import Problem, Role
 
 T = TypeVar("T")
+# (simulator, forward order, backward order, backward buffer of each value) -> the rank's bytes
+# besides the graph at each forward and backward position, and gradient buffers freed after a
+# backward position (``solvers.rank_memory``)
+RankHook = Callable[["Simulator", list[int], list[int], dict[int, int]],
+                    tuple[Sequence[int], Sequence[int], Mapping[int, list[int]]]]
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,12 @@ class Simulator:
 
     def _run(self, order: list[int], buffer: dict[int, int] | None, live: dict[int, int],
              keep: set[int], top: list, steps: list | None, phase: str,
-             on_step: Callable[[Mapping[str, int]], None] | None = None) -> None:
+             on_step: Callable[[Mapping[str, int]], None] | None = None,
+             extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None) -> None:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
-        what is live]) and each step in ``steps``."""
+        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the
+        graph at each position (counted in ``top`` and ``steps``); ``release``: kept
+        buffers freed after a position (FSDP's gradients at their reduce-scatter)."""
         sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
         buf = sid.__getitem__ if buffer is None else buffer.__getitem__
         has = (lambda v: True) if buffer is None else buffer.__contains__
@@ -131,6 +139,8 @@ class Simulator:
         for b, i in last_use.items():
             if b not in keep:
                 frees.setdefault(i, []).append(b)
+        for i, bs in (release or {}).items():
+            frees.setdefault(i, []).extend(bs)
         in_order = set(order)
         # the outputs of a multi-output op exist from its call on, not from their extraction
         allocates: dict[int, list[int]] = {}
@@ -146,19 +156,22 @@ class Simulator:
                 if b not in live and counted[g]:
                     live[b] = size[g]
                     total += size[g]
+            here = total if extra is None else total + extra[i]
             if steps is not None:
-                steps.append((phase, v, total))
+                steps.append((phase, v, here))
             if on_step is not None:
                 names = self.buffer_names
                 on_step(dict(zip(map(names.__getitem__, live), live.values())))
-            if total > top[0]:
-                top[:] = [total, phase, v, i, live.copy()]
+            if here > top[0]:
+                top[:] = [here, phase, v, i, live.copy()]
             for dead in frees.get(i, ()):
                 total -= live.pop(dead, 0)
 
     def _simulate(self, saved: Iterable[str], steps: list | None,
-                  on_step: Callable[[Mapping[str, int]], None] | None = None) -> tuple[list, set[int]]:
-        """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers)."""
+                  on_step: Callable[[Mapping[str, int]], None] | None = None,
+                  rank: RankHook | None = None) -> tuple[list, set[int]]:
+        """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers).
+        ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``)."""
         sid, inputs = self.sid, self.inputs
         saved_ids = {self.ids[v] for v in saved}
         forward = self._forward_order(saved_ids)
@@ -178,7 +191,13 @@ class Simulator:
         top: list = [-1, "", -1, -1, {}]
         live: dict[int, int] = {}
         saved_storages = {sid[v] for v in saved_ids}
-        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step)
+        rank_forward: tuple = ()
+        rank_backward: tuple = ()
+        if rank is not None:  # the rank's bytes per position, and when FSDP frees gradients
+            fw_extra, bw_extra, release = rank(self, forward, backward, bw)
+            rank_forward, rank_backward = (fw_extra, None), (bw_extra, release)
+        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step,
+                  *rank_forward)
         # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
         read = set()
         for n in backward:
@@ -188,24 +207,26 @@ class Simulator:
         for b in [b for b in live if b not in saved_storages or b not in read]:
             live.pop(b)
         grads = {bw[o] for o in self.grads if o in bw}
-        self._run(backward, bw, live, grads, top, steps, "backward", on_step)
+        self._run(backward, bw, live, grads, top, steps, "backward", on_step, *rank_backward)
         return top, grads
 
     def _name(self, b: int) -> str:
         fresh = len(self.size)
         return self.storage_names[b] if b < fresh else self.names[b - fresh]
 
-    def peak(self, saved: Iterable[str]) -> tuple[int, frozenset[str]]:
+    def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
         """The step's peak and the buffers live at it (a storage by its id, a buffer made in the
-        backward by its value), without the curve: what the searches need."""
-        top, _ = self._simulate(saved, None)
+        backward by its value), without the curve: what the searches need. ``rank``: the peak
+        of the rank's whole memory (``solvers.rank_memory.RankModel.hook``)."""
+        top, _ = self._simulate(saved, None, None, rank)
         if top[0] < 0:
             return 0, frozenset()
         return top[0], frozenset(self._name(b) for b in top[4])
 
-    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None) -> MemoryCurve:
+    def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None,
+              rank: RankHook | None = None) -> MemoryCurve:
         steps: list[tuple[str, int, int]] = []
-        top, grads = self._simulate(saved, steps, on_step)
+        top, grads = self._simulate(saved, steps, on_step, rank)
         live = top[4]
         if not steps:
             return MemoryCurve((), 0, "", "")

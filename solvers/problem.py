@@ -67,6 +67,17 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Parameter:
+    """A trained parameter the step reads: a graph input (``node``), for the rank's memory
+    (``solvers.rank_memory``): its size, where it lives in the model and its gradient's value."""
+    node: str  # the input value
+    path: str  # its name in the model: ``model.layers.0.mlp.up_proj.weight``
+    numel: int
+    dim0: int  # its first dimension (FSDP shards along it, padded to a multiple of the ranks)
+    grad: str | None = None  # the backward output that is its gradient, if any
+
+
+@dataclass(frozen=True)
 class Problem:
     nodes: tuple[Node, ...]
     required: frozenset[str] = frozenset()  # values the backward returns or reads besides its inputs
@@ -80,6 +91,8 @@ class Problem:
     # module path -> its class ("pkg.mod.LlamaDecoderLayer"), for every module a node's path runs
     # through: repeated blocks are indexed modules of one class (``solvers.blocks``)
     module_classes: Mapping[str, str] = field(default_factory=dict)
+    # the trained parameters among the inputs (empty when unknown: a published graph file)
+    parameters: tuple[Parameter, ...] = ()
     # what other modules derive from the problem, kept with it (``derived``); not an init field, so
     # ``with_nodes`` and ``dataclasses.replace`` start the new problem with none
     _derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -101,6 +114,10 @@ class Problem:
             for name in names:
                 if name not in seen:
                     raise ProblemError(f"{kind} value {name!r} is not a node")
+        for param in self.parameters:
+            for value in (param.node, param.grad):
+                if value is not None and value not in seen:
+                    raise ProblemError(f"parameter {param.path!r}: value {value!r} is not a node")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
             if node.role is not Role.BACKWARD:
