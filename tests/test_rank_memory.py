@@ -19,7 +19,7 @@ from solvers.fast_peak import fast_peak_plan
 from solvers.liveness import simulate_plan, simulator, without_gradients
 from solvers.memory_kinds import MemoryKind as K
 from solvers.problem import Parameter
-from solvers.random_problems import random_problem
+from support.random_problems import random_problem
 from solvers.rank_memory import fsdp_units, rank_curve, rank_peak, with_rank_memory
 from solvers.training import TrainingSetup, TrainingSetupError, training_setup
 
@@ -203,10 +203,11 @@ def test_fast_default_fits_the_device():
 def test_peak_search_fits_the_device():
     """The peak search on the rank's problem: its relaxation counts the graph alone (a weaker,
     still valid bound); every plan it returns is judged by the rank's simulation."""
-    from solvers.peak.solve import solve_peak
+    from solvers.options import PeakSearchOptions
+    from solvers.peak import peak_search
     p = _heavy()
     device = _fitting_device(p)
-    plan = solve_peak(with_rank_memory(p, FSDP2), device, time_limit_s=5)
+    plan = peak_search(with_rank_memory(p, FSDP2), device, options=PeakSearchOptions(time_limit_s=5))
     assert rank_peak(p, plan.saved, FSDP2).total <= device
 
 
