@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from solvers import Problem
 
-from .curves import step_curve
+from .curves import Curve, step_curve
 from .plan_files import read_plan_values
 from .results import Record, ResultsError, ResultsFile, load_results
 
@@ -57,6 +57,7 @@ def read_run(run_dir: Path, problem: Problem, results: ResultsFile | None = None
     run_dir = Path(run_dir)
     run = LoadedRun(run_dir, results if results is not None else load_results(run_dir / "results.json"),
                     dict(plans or {}))
+    curves: dict[frozenset[str], Curve] = {}
     for rec in run.records:
         if not rec.plan_file or rec.saved_bytes is None:
             continue
@@ -72,6 +73,9 @@ def read_run(run_dir: Path, problem: Problem, results: ResultsFile | None = None
         if unknown:
             raise ResultsError(f"{rec.plan_file} names values that are not in the run's graph "
                                f"(e.g. {unknown[0]}): the folder holds plans of another graph")
-        if rec.curve is None:
-            rec.curve = step_curve(problem, values.saved)
+        if rec.curve is None:  # each distinct plan once
+            key = frozenset(values.saved)
+            if key not in curves:
+                curves[key] = step_curve(problem, values.saved)
+            rec.curve = curves[key]
     return run
