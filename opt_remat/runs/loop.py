@@ -81,8 +81,7 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
                 rec = make_record(cfg, work, pair.budget, pair.solver, pair.budget_bytes, result, curves)
                 records[rec.key] = rec
                 if result.plan is not None:
-                    plans[rec.key] = PlanValues(*(tuple(sorted(v, key=work.problem.index.__getitem__))
-                                                  for v in (result.plan.saved, result.plan.recomputed)))
+                    plans[rec.key] = PlanValues(tuple(result.plan.saved), tuple(result.plan.recomputed))
                 store.write(list(records.values()))
                 display.finished(progress_line(done, len(pending), rec))
                 for warning in result.warnings:  # e.g. options of the run's other budgets, left out here
