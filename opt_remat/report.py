@@ -47,7 +47,7 @@ def counts_by_op(problem: Problem, names: Iterable[str]) -> list[tuple[str, int]
 def describe_plan(problem: Problem, plan: Plan, *, top: int = 8) -> str:
     """What is saved and what is recomputed, by op, with predicted memory and cost."""
     lines = [
-        f"solver {plan.solver}: status {plan.status.value}, solved in {plan.solve_time_s:.3f} s"
+        f"solver {plan.solver}: status {plan.status.value}, solved in {format_seconds(plan.solve_time_s)}"
         + (f", gap {plan.gap:.2%}" if plan.gap is not None else ""),
         f"  saved for backward : {len(plan.saved):5d} values, {format_bytes(plan.saved_bytes)} predicted"
         + (f" (budget {format_bytes(plan.budget)})" if plan.budget is not None else ""),

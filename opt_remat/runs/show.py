@@ -40,7 +40,7 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
     gap = doc.get("gap")
     print(f"solver {doc.get('solver')}, status {doc.get('status')}"
           + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
-          + (f", solved in {doc['solve_time_s']:.3f} s" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
+          + (f", solved in {format_seconds(doc['solve_time_s'])}" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
     print(f"  graph {doc['graph_id']} ({doc.get('graph_nodes', len(doc['values']))} values)")
     budget = doc.get("budget")
     print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
