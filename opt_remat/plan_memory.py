@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from solvers import Plan, PlanError, Problem, Status, plan_from_saved
+from solvers.budget import format_bytes
 from solvers.liveness import simulate_plan, without_gradients
 
 from .disk_cache import cache_dir, replace_file
@@ -137,4 +138,4 @@ def as_solution(found: tuple[Plan, int], solved: Plan | None, peak_budget: int) 
     return replace(plan, status=solved.status if solved is not None else Status.HEURISTIC,
                    objective=plan.recompute_cost, bound=bound, extra=extra,
                    message="a plan remembered from an earlier solve of this graph fits and costs less: "
-                           f"simulated peak {peak} bytes")
+                           f"simulated peak {format_bytes(peak)}")

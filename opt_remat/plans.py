@@ -3,9 +3,7 @@ saying what differs when none matches. The file format itself is ``opt_remat.for
 
 from __future__ import annotations
 
-import json
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -15,7 +13,7 @@ from solvers import Plan, Problem
 
 from .canonical import canonical_values, graph_id
 from .errors import PlanMismatchError
-from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference, graph_entry, plan_document
+from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference
 
 
 def versions() -> dict[str, str]:
@@ -30,21 +28,6 @@ def settings_text(settings: Mapping[str, Any] | None) -> str:
     if not settings:
         return "unknown settings"
     return ", ".join(f"{k}={v!r}" for k, v in settings.items() if k in ("compiler", "decompositions"))
-
-
-def entry_for(joint_module: fx.GraphModule, roles: Sequence[str] | None, problem: Problem, plan: Plan,
-              **extra: Any) -> dict[str, Any]:
-    """A plan-file entry for a prepared joint graph and a plan solved on its problem."""
-    values = canonical_values(joint_module, roles)
-    entry = graph_entry(problem, plan, values, graph_id(joint_module, values))
-    entry.update({k: v for k, v in extra.items() if v is not None})
-    return entry
-
-
-def write_plan_file(path: str | Path, entries: Sequence[dict[str, Any]], made_for: Mapping[str, Any]) -> None:
-    from .runs.util import jsonable, write_atomic
-    doc = plan_document(entries, {**made_for, "versions": versions()})
-    write_atomic(Path(path), json.dumps(jsonable(doc), indent=1) + "\n")
 
 
 def match_plan(data: dict[str, Any], joint_module: fx.GraphModule, roles: Sequence[str] | None,

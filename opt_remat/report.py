@@ -2,40 +2,52 @@
 
 from __future__ import annotations
 
-import math
+import re
 from collections import Counter
 from typing import Iterable, Sequence
 
 from solvers import Plan, Problem
-from solvers.budget import format_bytes
+from solvers.budget import column_time_unit, format_bytes, format_seconds
+
+__all__ = ["clean_module", "cost_table", "counts_by_op", "describe_plan", "format_seconds", "op_label", "short_op",
+           "table"]
 
 
-def format_seconds(s: float | None) -> str:
-    """Seconds as text in the unit that suits them (s, ms, us, ns); None or NaN is "-"."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "-"
-    if s == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(s) >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
-
-
-def _op_label(op: str) -> str:
-    # "aten.mm.default" -> "mm"
+def short_op(op: str) -> str:
+    """An op as tables name it: ``aten.mm.default`` -> ``mm``, ``<built-in function getitem>`` ->
+    ``getitem``."""
+    m = re.fullmatch(r"<(?:built-in )?function ([\w.]+)(?: at 0x[0-9a-f]+)?>", op)
+    if m:
+        return m.group(1).rsplit(".", 1)[-1]
     parts = op.split(".")
     return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else op
 
 
+def op_label(op: str, role: str) -> str:
+    """What a value is, in every table and hover: its short op, or "graph input" for the graph's
+    inputs (parameters, data, tangents: FX's placeholders and attributes)."""
+    if role == "input" or op in ("placeholder", "get_attr"):
+        return "graph input"
+    return short_op(op) or "?"
+
+
+def clean_module(path: str) -> str:
+    """dynamo's ``L['self'].layers[0].fc`` -> ``layers.0.fc``."""
+    m = re.sub(r"^L\['self'\]\.?", "", path or "")
+    m = re.sub(r"\['([^']*)'\]", r".\1", m)
+    m = re.sub(r"\[(\d+)\]", r".\1", m)
+    return m.lstrip(".")
+
+
 def counts_by_op(problem: Problem, names: Iterable[str]) -> list[tuple[str, int]]:
-    return Counter(_op_label(problem.by_name[n].op) for n in names).most_common()
+    by_name = problem.by_name
+    return Counter(op_label(by_name[n].op, by_name[n].role.value) for n in names).most_common()
 
 
 def describe_plan(problem: Problem, plan: Plan, *, top: int = 8) -> str:
     """What is saved and what is recomputed, by op, with predicted memory and cost."""
     lines = [
-        f"solver {plan.solver}: status {plan.status.value}, solved in {plan.solve_time_s:.3f} s"
+        f"solver {plan.solver}: status {plan.status.value}, solved in {format_seconds(plan.solve_time_s)}"
         + (f", gap {plan.gap:.2%}" if plan.gap is not None else ""),
         f"  saved for backward : {len(plan.saved):5d} values, {format_bytes(plan.saved_bytes)} predicted"
         + (f" (budget {format_bytes(plan.budget)})" if plan.budget is not None else ""),
@@ -86,12 +98,14 @@ def cost_table(roofline: Problem, profiled: Problem) -> str:
         got = profiled.recompute_cost_of(node.name)
         if est == 0 and got == 0:
             continue
-        row = rows.setdefault(node.op or "?", [0, 0.0, 0.0])
+        row = rows.setdefault(short_op(node.op) or "?", [0, 0.0, 0.0])
         row[0] += 1
         row[1] += est
         row[2] += got
     ordered = sorted(rows.items(), key=lambda kv: -kv[1][2])
-    return table([{"op": op, "ops": int(n), "roofline us": f"{est * 1e6:.3f}", "measured us": f"{got * 1e6:.3f}",
+    unit = column_time_unit(t for _, (_, est, got) in ordered for t in (est, got))  # both columns in one unit
+    return table([{"op": op, "ops": int(n), "roofline": format_seconds(est, unit),
+                   "measured": format_seconds(got, unit),
                    "measured / roofline": f"{got / est:.1f}x" if est > 0 else "-"}
                   for op, (n, est, got) in ordered],
-                 ["op", "ops", "roofline us", "measured us", "measured / roofline"])
+                 ["op", "ops", "roofline", "measured", "measured / roofline"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Sequence
+from typing import Iterable
 
 _UNITS = {
     "": 1, "b": 1,
@@ -53,7 +53,9 @@ def parse_budget(budget: int | float | str | None) -> int | Fraction | None:
                      f"got {type(budget).__name__}")
 
 
+# Units: every byte count and time opt-remat prints or plots gets its unit here, one rule for each.
 BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 def byte_unit(n: float) -> str:
@@ -66,23 +68,56 @@ def byte_unit(n: float) -> str:
 
 def format_bytes(n: float | None, unit: str | None = None) -> str:
     """``n`` bytes as text, in ``unit`` ("B", "KiB", ..., "TiB") or the one that suits ``n``: every
-    byte count opt-remat prints goes through here. None is "-"."""
+    byte count opt-remat prints goes through here. None is "-", zero "0 B" in any unit, and a count
+    that would show as 0.00 in ``unit`` is shown in its own."""
     if n is None:
         return "-"
-    unit = unit or byte_unit(n)
-    if unit == "B":
+    if unit is None or 0 < abs(n) < 0.005 * BYTE_UNITS[unit]:  # too small to show in ``unit``: its own
+        unit = byte_unit(n)
+    if unit == "B" or n == 0:
         return f"{round(n)} B"
     return f"{n / BYTE_UNITS[unit]:.2f} {unit}"
 
 
 def column_unit(values: Iterable[float | None]) -> str:
-    """One unit for a column of byte counts: the one that suits its largest value, so a column
-    never mixes ``1014.00 KiB`` with ``1.01 MiB``."""
+    """One unit for a column (or an axis) of byte counts: the one that suits its largest value, so
+    a column never mixes ``1014.00 KiB`` with ``1.01 MiB``."""
     sizes = [abs(v) for v in values if v is not None]
     return byte_unit(max(sizes)) if sizes else "B"
 
 
-def format_bytes_column(values: Sequence[float | None]) -> list[str]:
-    """``format_bytes`` of each value, all in the column's unit (``column_unit``)."""
+def byte_axis(values: Iterable[float | None]) -> tuple[str, float]:
+    """A figure's byte axis: its unit (``column_unit``) and the bytes one tick unit stands for."""
     unit = column_unit(values)
-    return [format_bytes(v, unit) for v in values]
+    return unit, float(BYTE_UNITS[unit])
+
+
+def time_unit(s: float) -> str:
+    """The largest of s, ms, us, ns that ``s`` seconds is at least one of ("ns" below)."""
+    for unit in ("s", "ms", "us"):
+        if abs(s) >= TIME_UNITS[unit]:
+            return unit
+    return "ns"
+
+
+def format_seconds(s: float | None, unit: str | None = None) -> str:
+    """Seconds as text, in ``unit`` or the one that suits them: every time opt-remat prints goes
+    through here. None or NaN is "-", zero "0 s" in any unit."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s == 0:
+        return "0 s"
+    unit = unit or time_unit(s)
+    return f"{s / TIME_UNITS[unit]:.3g} {unit}"
+
+
+def column_time_unit(values: Iterable[float | None]) -> str:
+    """One unit for a column (or an axis) of times: the one that suits its largest value."""
+    times = [abs(v) for v in values if v is not None and not math.isnan(v)]
+    return time_unit(max(times)) if times else "s"
+
+
+def time_axis(values: Iterable[float | None]) -> tuple[str, float]:
+    """A figure's time axis: its unit (``column_time_unit``) and the seconds one tick unit stands for."""
+    unit = column_time_unit(values)
+    return unit, TIME_UNITS[unit]

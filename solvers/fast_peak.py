@@ -26,6 +26,7 @@ import weakref
 from typing import Iterable
 
 from .baselines import uniform_checkpoints
+from .budget import format_bytes
 from .errors import InfeasibleError, PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
@@ -75,7 +76,7 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                 recompute_cost=plan.recompute_cost, solver="default", status=Status.HEURISTIC,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
                 message=f"fast default under the peak budget: the cheapest fitting {_origin(plan)} plan, "
-                        f"simulated peak {peak} bytes",
+                        f"simulated peak {format_bytes(peak)}",
                 extra={"peak": peak, "peak_budget": peak_budget, "found_by": _origin(plan)})
 
 

@@ -113,7 +113,22 @@ def test_default_solver_under_a_budget_is_near_the_exact_optimum(name):
 
 
 def test_byte_columns_keep_one_unit():
-    from solvers.budget import format_bytes, format_bytes_column
+    from solvers.budget import column_unit, format_bytes
+
+    def column(values):
+        unit = column_unit(values)
+        return [format_bytes(v, unit) for v in values]
+
     assert format_bytes(1014 * 1024) == "1014.00 KiB" and format_bytes(1.01 * 2**20) == "1.01 MiB"
-    assert format_bytes_column([1014 * 1024, 1.01 * 2**20, None, 0]) == ["0.99 MiB", "1.01 MiB", "-", "0.00 MiB"]
-    assert format_bytes_column([12, 1000]) == ["12 B", "1000 B"] and format_bytes(3 * 2**30, "MiB") == "3072.00 MiB"
+    assert column([1014 * 1024, 1.01 * 2**20, None, 0]) == ["0.99 MiB", "1.01 MiB", "-", "0 B"]
+    assert column([12, 1000]) == ["12 B", "1000 B"] and format_bytes(3 * 2**30, "MiB") == "3072.00 MiB"
+    # a count that would read 0.00 in the column's unit is shown in its own, never as zero
+    assert column([1024, 2**30]) == ["1.00 KiB", "1.00 GiB"]
+
+
+def test_one_rule_for_times_and_axes():
+    from solvers.budget import byte_axis, column_time_unit, format_seconds, time_axis
+    assert format_seconds(946e-9) == "946 ns" and format_seconds(946e-9, "us") == "0.946 us"
+    assert format_seconds(0) == "0 s" and format_seconds(None) == "-" and format_seconds(float("nan")) == "-"
+    assert column_time_unit([946e-9, 2e-6, None]) == "us" and time_axis([3e-3, 1e-5]) == ("ms", 1e-3)
+    assert byte_axis([100, 3 * 2**20, None]) == ("MiB", 2.0**20) and byte_axis([]) == ("B", 1.0)

@@ -91,14 +91,17 @@ def test_run_writes_every_report(tiny_run):
     # every plan's simulated step peak, and the live-memory curves as a second plot
     from opt_remat.runs.results import Record
     from opt_remat.runs.summary import memory_curves
+    from solvers.liveness import simulate_plan
     planned = [r for r in recs if r.get("saved_bytes") is not None]
     assert all(r["peak_bytes"] > 0 for r in planned) and "step peak" in table
-    grads: dict = {}
-    curves = memory_curves(_problem_of(out), [Record.from_json(r) for r in recs], out, peak_gradients=grads)
+    curves = memory_curves([Record.from_json(r) for r in recs])  # as results.json keeps them
     assert set(curves) == {"0.5", "0.2"}
-    for r in planned:  # the plot's curves and legend split agree with the results
-        assert max(curves[r["budget"]][r["solver"]]) == r["peak_bytes"]
-        assert grads[r["budget"]][r["solver"]] == r["peak_gradient_bytes"] > 0
+    problem = _problem_of(out)
+    for r in planned:  # the plot's curves agree with the results and with a fresh simulation of the plan file
+        curve = curves[r["budget"]][r["solver"]]
+        sim = simulate_plan(problem, json.loads((out / r["plan_file"]).read_text())["graphs"][0]["saved"])
+        assert curve.live_bytes == [b for _, _, b in sim.steps] and max(curve.live_bytes) == r["peak_bytes"]
+        assert curve.peak_gradients == sim.peak_gradients == r["peak_gradient_bytes"] > 0
     img = matplotlib.image.imread(out / "memory.png")
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
     assert not list(out.glob(".*.tmp")), "no temporary files left behind"
@@ -114,10 +117,15 @@ def test_memory_plot_legends_stay_in_their_panel_with_units():
     from opt_remat.runs.plots import memory_figure
 
     solvers = ["mincut", "cpsat", "milp", "greedy", "dp", "save-all", "torch"]
-    curves = {b: {s: [0, 300_000 + 1000 * i, 700_000 + 20_000 * i, 590_000] for i, s in enumerate(solvers)}
+    from opt_remat.runs.curves import Curve
+
+    def curve(live: list[int]) -> Curve:
+        return Curve(values=list(range(len(live))), live={"total": live}, phases="ffbb", live_count=[1] * len(live),
+                     top=[[] for _ in live], peak_gradients=536_000)
+
+    curves = {b: {s: curve([0, 300_000 + 1000 * i, 700_000 + 20_000 * i, 590_000]) for i, s in enumerate(solvers)}
               for b in ("1.0", "0.8", "0.5", "0.3", "0.1")}
-    grads = {b: {s: 536_000 for s in solvers} for b in curves}
-    fig = memory_figure(curves, peak_gradients=grads, forward_ends={b: {s: 2 for s in solvers} for b in curves})
+    fig = memory_figure(curves)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     canvas = FigureCanvasAgg(fig)
     canvas.draw()

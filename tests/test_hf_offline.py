@@ -5,21 +5,20 @@ save-all's gradients and exactly the plan's saved bytes. Skipped without transfo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
 import opt_remat  # noqa: E402
-from opt_remat.build import problem_from_joint  # noqa: E402
-from opt_remat.capture import capture_graphs  # noqa: E402
 from opt_remat.hf import causal_lm  # noqa: E402
-from opt_remat.plans import entry_for, write_plan_file  # noqa: E402
 from opt_remat.solve import choose_peak_plan  # noqa: E402
 from opt_remat.verify import compare_steps, save_all_backend  # noqa: E402
 from solvers.baselines import save_all  # noqa: E402
 from solvers.liveness import peak_lower_bound, simulate_plan  # noqa: E402
-from test_offline_plans import _saved_for_backward_bytes, _train  # noqa: E402
+from test_offline_plans import _saved_for_backward_bytes, _train, write_plans  # noqa: E402
 
 VOCAB, SEQ = 128, 16
 CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -34,15 +33,19 @@ def _factory():
 
 def test_hf_llama_planned_offline_trains_with_the_plan(tmp_path):
     x = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
-    [joint] = capture_graphs(_factory, (x,), meta=True, **EAGER)
-    prepared, problem = problem_from_joint(joint)
-    # a peak budget between the floor and save-all's peak: the plan must recompute something
-    top = simulate_plan(problem, save_all(problem).saved).peak
-    plan = choose_peak_plan(problem, None, (peak_lower_bound(problem) + top) // 2, None)
-    assert plan.recomputed and plan.extra["peak"] < top
+    config = (f"model: {{factory: 'opt_remat.hf:causal_lm', kwargs: {{architecture: LlamaForCausalLM, "
+              f"config: {json.dumps(CONFIG)}}}, inputs: [{{shape: [2, {SEQ}], dtype: int64, high: {VOCAB}}}]}}\n"
+              "capture: {compiler: eager, decompositions: inductor, meta: true}\n"
+              "budgets: [{peak: 1MiB}]\nsolvers: [mincut]\n")
+
+    def solve(problem):  # a peak budget between the floor and save-all's peak: the plan must recompute something
+        top = simulate_plan(problem, save_all(problem).saved).peak
+        plan = choose_peak_plan(problem, None, (peak_lower_bound(problem) + top) // 2, None)
+        assert plan.recomputed and plan.extra["peak"] < top
+        return plan
+
     path = tmp_path / "plan.json"
-    write_plan_file(path, [entry_for(prepared.module, prepared.input_roles, problem, plan)],
-                    {"capture": {**EAGER, "meta": True}})
+    _, [plan] = write_plans(path, config, solve)
 
     torch.manual_seed(0)
     model = _factory()

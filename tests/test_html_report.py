@@ -84,7 +84,7 @@ def test_curves_agree_with_the_simulator_and_the_results(tiny_run):
         names = [report.values[i][0] for i in curve.values]
         assert names == [n for _, n, _ in sim.steps]
         # the steps marked as recomputation are the plan's recomputed values
-        assert {n for n, k in zip(names, curve.kinds) if k == "r"} == set(graph["recomputed"])
+        assert {n for n, k in zip(names, curve.phases) if k == "r"} == set(graph["recomputed"])
         assert curve.forward_steps == sum(1 for p, _, _ in sim.steps if p == "forward")
         for i, top in enumerate(curve.top):
             sizes = [report.values[v][4] for v, _ in top]
@@ -139,13 +139,46 @@ def test_figures_have_a_trace_per_solver_and_plan(tiny_run):
     assert sorted(t["name"] for t in figs["fig-solve"]["data"]) == ["greedy", "mincut", "save-all"]
 
 
-def test_report_command_rewrites_the_same_page(tiny_run, capsys):
+def _count_simulations(monkeypatch) -> list:
+    """The plans the runs layer simulates from now on (the simulator runs for real)."""
+    import sys
+
+    import solvers.liveness as liveness
+    original, seen = liveness.simulate_plan, []
+
+    def counting(problem, saved, on_step=None):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
+            seen.append(frozenset(saved))
+        return original(problem, saved, on_step)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "simulate_plan", None) is original:
+            monkeypatch.setattr(module, "simulate_plan", counting)
+    return seen
+
+
+def test_report_command_rewrites_the_same_page(tiny_run, capsys, monkeypatch, tmp_path):
     out, _ = tiny_run
     before = (out / "report.html").read_bytes()
     (out / "report.html").unlink()
+    simulated = _count_simulations(monkeypatch)
     assert main(["report", str(out)]) == 0
     assert str(out / "report.html") in capsys.readouterr().out
     assert (out / "report.html").read_bytes() == before
+    assert simulated == []  # the curves come from results.json
+    # results of format 2 hold no curves: the report simulates each plan, and draws the same page
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    doc = json.loads((old / "results.json").read_text())
+    doc["format"] = 2
+    for rec in doc["results"]:
+        rec.pop("curve", None)
+    (old / "results.json").write_text(json.dumps(doc))
+    assert main(["report", str(old)]) == 0
+    assert (old / "report.html").read_bytes() == before.replace(str(out).encode(), str(old).encode())
+    plans = {frozenset(read_plan_file(old / r["plan_file"])["graphs"][0]["saved"]) for r in doc["results"]
+             if r.get("plan_file")}
+    assert len(simulated) == len(set(simulated)) and set(simulated) == plans  # each distinct plan once
 
 
 def test_report_command_refuses_what_it_cannot_report(tiny_run, tmp_path, capsys):

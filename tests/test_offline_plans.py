@@ -9,13 +9,10 @@ import pytest
 import torch
 
 import opt_remat
-from opt_remat.build import problem_from_joint
-from opt_remat.capture import capture_graphs
 from opt_remat.errors import PlanMismatchError
 from opt_remat.formats.plan_file import read_plan_file
 from opt_remat.memory import PeakMeter
 from opt_remat.models import Llama
-from opt_remat.plans import entry_for, write_plan_file
 from opt_remat.solve import choose_peak_plan, choose_plan, resolve_budget
 from opt_remat.verify import compare_steps, default_loss, save_all_backend
 from solvers.liveness import simulate_plan
@@ -35,6 +32,31 @@ def _settings(compiler: str) -> dict:
     return {"compiler": compiler, "decompositions": "inductor"}
 
 
+LLAMA = """\
+model:
+  factory: opt_remat.models:llama
+  kwargs: {{layers: 2, d_model: 64, heads: 4, seq: {seq}}}
+  inputs: [{{shape: [2, {seq}], dtype: int64, low: 0, high: 256}}]
+capture: {{compiler: {compiler}, decompositions: inductor, meta: true}}
+budgets: [0.3]
+solvers: [cpsat]
+"""
+
+
+def write_plans(path, config: str, solve) -> tuple[list, list]:
+    """A plan file as ``opt-remat solve`` writes one: the configuration's graphs captured
+    (``runs.materialize_all``), each solved by ``solve(problem)``, written by ``runs.plan_files.write_plan``."""
+    from opt_remat.runs import load_config, materialize_all
+    from opt_remat.runs.plan_files import write_plan
+
+    path.with_suffix(".yaml").write_text(config)
+    cfg = load_config(path.with_suffix(".yaml"))
+    works = materialize_all(cfg)
+    plans = [solve(w.problem) for w in works]
+    write_plan(path, cfg, works, plans)
+    return works, plans
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     """Per compiler, plan files solved by cpsat on a fake capture: at a saved-byte budget and at a
@@ -42,21 +64,19 @@ def plans(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plans")
     out = {}
     for compiler in ("eager", "inductor"):
-        [joint] = capture_graphs(_factory(), (_tokens(),), compiler=compiler, meta=True)
-        weights = [n for n in joint.module.graph.find_nodes(op="placeholder")
-                   if isinstance(n.meta["val"], torch._subclasses.FakeTensor)]
-        assert weights  # traced with fake tensors: nothing was allocated
-        prepared, problem = problem_from_joint(joint)
-        save_all_peak = simulate_plan(problem, choose_plan(problem, "save-all", None).saved).peak
         for kind in ("saved", "peak"):
-            if kind == "saved":
-                plan = choose_plan(problem, "cpsat", resolve_budget(problem, 0.3), {"time_limit_s": 4})
-            else:
-                plan = choose_peak_plan(problem, "cpsat", int(0.8 * save_all_peak), None, {"time_limit_s": 4})
+            def solve(problem):
+                if kind == "saved":
+                    return choose_plan(problem, "cpsat", resolve_budget(problem, 0.3), {"time_limit_s": 4})
+                save_all_peak = simulate_plan(problem, choose_plan(problem, "save-all", None).saved).peak
+                return choose_peak_plan(problem, "cpsat", int(0.8 * save_all_peak), None, {"time_limit_s": 4})
+
             path = folder / f"{compiler}-{kind}.json"
-            write_plan_file(path, [entry_for(prepared.module, prepared.input_roles, problem, plan)],
-                            {"capture": {**_settings(compiler), "meta": True}})
-            out[compiler, kind] = (path, plan, problem)
+            [work], [plan] = write_plans(path, LLAMA.format(seq=SEQ, compiler=compiler), solve)
+            weights = [n for n in work.prepared.module.graph.find_nodes(op="placeholder")
+                       if isinstance(n.meta["val"], torch._subclasses.FakeTensor)]
+            assert weights  # traced with fake tensors: nothing was allocated
+            out[compiler, kind] = (path, plan, work.problem)
     return out
 
 
@@ -176,27 +196,34 @@ def test_unwrap_finds_the_plan_mismatch_inside_torchs_wrapping(plans):
     assert isinstance(inner, opt_remat.PlanMismatchError) and "int64[4, 32]" in str(inner)
 
 
+class Broken(torch.nn.Module):
+    """Two compiled regions (a graph break): a plan file holds a plan for each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.a(x)).sin()
+        torch._dynamo.graph_break()
+        return self.b(h.cos()).tanh()
+
+
 def test_graph_breaks_get_a_plan_each(tmp_path):
-    class Broken(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = torch.nn.functional.gelu(self.a(x)).sin()
-            torch._dynamo.graph_break()
-            return self.b(h.cos()).tanh()
-
-    x = torch.randn(4, 16)
-    graphs = capture_graphs(Broken, (x,), meta=True)
-    assert len(graphs) == 2
-    entries = []
-    for joint in graphs:
-        prepared, problem = problem_from_joint(joint)
-        entries.append(entry_for(prepared.module, prepared.input_roles, problem,
-                                 choose_plan(problem, "cpsat", 0, {"time_limit_s": 2})))
+    config = """\
+model: {factory: "test_offline_plans:Broken", inputs: [{shape: [4, 16]}]}
+capture: {meta: true}
+budgets: [0.0]
+solvers: [cpsat]
+"""
     path = tmp_path / "plan.json"
-    write_plan_file(path, list(reversed(entries)), {})  # matched by canonical id, not by order
+    works, _ = write_plans(path, config, lambda problem: choose_plan(problem, "cpsat", 0, {"time_limit_s": 2}))
+    assert len(works) == 2
+    doc = json.loads(path.read_text())
+    doc["graphs"].reverse()  # matched by canonical id, not by order
+    path.write_text(json.dumps(doc))
+    entries = read_plan_file(path)["graphs"]
+    x = torch.randn(4, 16)
     torch.manual_seed(0)
     model = Broken()
     be = opt_remat.backend(plan=str(path), compiler="eager", decompositions="inductor")

@@ -7,7 +7,7 @@ import io
 import json
 import os
 
-from opt_remat.runs import load_config, read_results
+from opt_remat.runs import load_config, materialize, read_results
 from opt_remat.runs.progress import Display, terminal_mode
 from solvers import progress
 
@@ -78,3 +78,71 @@ def test_progress_reports_only_to_a_listener_in_its_own_process():
         assert status == 0
     assert not progress.listening()
     assert [(p.incumbent, p.bound, p.gap) for p in seen] == [(2.0, 1.0, 0.5)]
+
+
+def test_a_run_simulates_each_plan_once_and_reads_results_once(tmp_path, monkeypatch):
+    """``opt-remat run configs/mlp.yaml``: the reports (summary, plots, HTML) simulate no plan
+    again, results.json is read once (the resume check), and each plan file is written once and
+    never read back. The simulator runs for real; calls from the run's side are counted."""
+    import pathlib
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    import solvers.liveness as liveness
+    from opt_remat.runs import plan_files, run
+
+    original = liveness.simulate_plan
+    simulated: Counter = Counter()
+
+    def counting(problem, saved, on_step=None):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("opt_remat.runs") or caller == "opt_remat.report":  # not a solver's own search
+            simulated[frozenset(saved)] += 1
+        return original(problem, saved, on_step)
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs" / "mlp.yaml", [f"output.dir={tmp_path / 'out'}"])
+    work = materialize(cfg)
+    for module in list(sys.modules.values()):
+        if getattr(module, "simulate_plan", None) is original:
+            monkeypatch.setattr(module, "simulate_plan", counting)
+    reads: list = []
+    real_read_text, real_read_bytes = pathlib.Path.read_text, pathlib.Path.read_bytes
+
+    def read_text(self, *args, **kwargs):
+        reads.append(self.name)
+        return real_read_text(self, *args, **kwargs)
+
+    def read_bytes(self):
+        reads.append(self.name)
+        return real_read_bytes(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    writes: Counter = Counter()
+    real_write = plan_files.write_atomic
+
+    def write_atomic(path, data):
+        writes[Path(path).name] += 1
+        return real_write(path, data)
+
+    monkeypatch.setattr(plan_files, "write_atomic", write_atomic)
+
+    summary = run(cfg, work=work)
+    monkeypatch.undo()
+
+    assert reads.count("results.json") == 1
+    planned = [r for r in summary.records if r.saved_bytes is not None]
+    assert len(planned) >= 20 and (tmp_path / "out" / "report.html").exists()
+    assert not [n for n in reads if n.endswith(".json") and n != "results.json"], "a plan file was read back"
+    assert writes == Counter(Path(r.plan_file).name for r in planned)  # each once
+    saved = {r.key: frozenset(json.loads((tmp_path / "out" / r.plan_file).read_text())["graphs"][0]["saved"])
+             for r in planned}
+    assert set(simulated) == set(saved.values()) and set(simulated.values()) == {1}  # each distinct plan once
+    # the stored curve is the simulator's, in memory and in results.json alike
+    stored = {r.key: r for r in read_results(tmp_path / "out" / "results.json").records}
+    for rec in planned:
+        sim = original(work.problem, saved[rec.key])
+        assert rec.curve.live_bytes == [b for _, _, b in sim.steps] and rec.curve.peak == sim.peak == rec.peak_bytes
+        assert stored[rec.key].curve == rec.curve

@@ -1,12 +1,14 @@
-"""Offline runs (``opt-remat run`` / ``solve``): one module per job.
+"""Offline runs (``opt-remat run`` / ``solve`` / ``report`` / ``show``): one module per job.
 
 ``config`` (typed YAML configurations; ``config_rules``: ``load_config``, what types cannot say,
-and the wording of errors; ``yaml_lines``: YAML with the line of every key, ``--set``) -> ``workload`` (capture once)
--> ``execute`` (solve the pairs: here, in a process pool, or on Ray) -> ``verification`` (measured
-bytes, gradients) -> ``results`` (typed records, results.json/csv, resume) -> ``summary``,
-``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``);
-``plan_files`` and ``show`` for plan files, ``progress`` for the live display, and ``loop`` for
-the run itself. Nothing here imports torch until a model is built.
+and the wording of errors; ``yaml_lines``: YAML with the line of every key, ``--set``) -> ``workload``
+(capture once) -> ``execute`` (solve the pairs: here, in a process pool, or on Ray) -> ``loop`` (the
+run: each plan's record, its step simulated once by ``curves``, its plan file written once by
+``plan_files``, its checks by ``verification``) -> ``results`` (typed records with their curves,
+results.json/csv, resume) -> ``run_data`` (the one loaded run the reports read) -> ``summary``,
+``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``). ``show``
+prints a plan file, ``progress`` is the live display. Capture and checks import torch; the reports
+need only the problem.
 """
 
 from .config import BudgetSpec, Config, ConfigError, SolverSpec

@@ -1,50 +1,25 @@
-"""What a run's HTML report shows, read from its output folder and the problem it solved.
-
-``load_run`` reads ``results.json`` and every plan file, and simulates each distinct plan's
-training step with ``solvers.liveness.simulate_plan`` (the simulation behind results.json's step
-peaks), keeping at every step the value computed there and the largest buffers live then. It
-returns plain values; ``html_page`` turns them into the page. No torch here.
+"""What a run's HTML report shows: the run (``run_data.LoadedRun``) and the problem it solved, as
+plain values. Each plan's curve is its record's (simulated once, by the run); plans that save the
+same values share one. Here: the value table the hovers index, and what each plan saves and
+recomputes by op and by module. ``html_page`` turns them into the page. No torch here.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from solvers import Problem
-from solvers.liveness import simulate_plan
-from solvers.problem import Node, Role
+from solvers.problem import Node
 
-from ..errors import OptRematError, PlanMismatchError
-from ..formats.plan_file import read_plan_file
-from .plan_files import clean_module, short_op
-from .results import Record, read_results
+from ..report import clean_module, op_label
+from .curves import TAGS, TOP_LIVE, Curve
+from .results import Record
+from .results import ResultsError as ReportError
+from .run_data import LoadedRun, read_run
 
-TOP_LIVE = 6  # the largest live buffers a hover names; the others are counted
-# what a live buffer holds: an activation of the forward, a value saved for the backward, a value
-# recomputed in the backward, a gradient (a backward output), or another backward temporary
-TAGS = {"a": "activation", "s": "saved", "r": "recomputed", "g": "gradient", "t": "backward temporary"}
-
-
-class ReportError(OptRematError, ValueError):
-    """A folder that holds no run to report on."""
-
-
-@dataclass
-class Curve:
-    """The live memory of one plan's step: per step the value computed, live bytes after it, and
-    the largest buffers live then (``[value index, tag]``, tags as ``TAGS``)."""
-    values: list[int]
-    live_bytes: list[int]
-    kinds: str  # per step: f(orward), b(ackward), r(ecomputation in the backward)
-    live_count: list[int]
-    top: list[list[list[Any]]]
-    peak: int
-    peak_gradients: int
-    forward_steps: int
+__all__ = ["TAGS", "TOP_LIVE", "Curve", "PlanView", "ReportError", "RunReport", "load_run", "report_data"]
 
 
 @dataclass
@@ -68,99 +43,39 @@ class RunReport:
     missing: list[str] = field(default_factory=list)  # plan files that could not be read
 
 
-def read_header(run_dir: Path) -> dict[str, Any]:
-    """results.json of ``run_dir`` without its records; a ReportError when there is none."""
-    path = Path(run_dir) / "results.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"{run_dir}: no results.json there (expected a folder written by opt-remat run)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReportError(f"{path}: cannot read it ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise ReportError(f"{path}: not an opt-remat results file")
-    doc.pop("results")
-    return doc
+def report_data(run: LoadedRun, problem: Problem) -> RunReport:
+    """Everything the report shows, for ``run`` whose graph is ``problem``."""
+    report = RunReport(title=run.title, header=run.header, records=run.records, hull=run.hull,
+                       values=value_table(problem), missing=list(run.missing))
+    curve_of: dict[frozenset[str], int] = {}
+    for rec in run.records:
+        values = run.plans.get(rec.key)
+        if values is None or rec.curve is None or rec.saved_bytes is None:
+            continue
+        key = frozenset(values.saved)
+        if key not in curve_of:
+            curve_of[key] = len(report.curves)
+            report.curves.append(rec.curve)
+        report.plans.append(PlanView(rec, curve_of[key], breakdown(problem, values.saved, values.recomputed, node_op),
+                                     breakdown(problem, values.saved, values.recomputed, module_label)))
+    return report
 
 
 def load_run(run_dir: Path, problem: Problem) -> RunReport:
-    """Everything the report shows, for the run in ``run_dir`` whose graph is ``problem``."""
-    run_dir = Path(run_dir)
-    header = read_header(run_dir)
-    results = read_results(run_dir / "results.json")
-    if results is None:
-        raise ReportError(f"{run_dir / 'results.json'}: a results format this version cannot read")
-    title = ((header.get("config") or {}).get("output") or {}).get("title") or header.get("name") or run_dir.name
-    report = RunReport(title=title, header=header, records=results.records,
-                       hull=[(int(b), float(c)) for b, c in header.get("mincut_hull") or []],
-                       values=value_table(problem))
-    curve_of: dict[frozenset[str], int] = {}
-    for rec in results.records:
-        if not rec.plan_file or rec.saved_bytes is None:
-            continue
-        try:
-            graph = read_plan_file(run_dir / rec.plan_file)["graphs"][0]
-        except (OSError, ValueError, PlanMismatchError, IndexError, KeyError):
-            report.missing.append(rec.plan_file)  # removed or damaged by hand: left out, said so
-            continue
-        saved, recomputed = graph["saved"], graph.get("recomputed", [])
-        unknown = [v for v in (*saved, *recomputed) if v not in problem.by_name]
-        if unknown:
-            raise ReportError(f"{rec.plan_file} names values that are not in the run's graph "
-                              f"(e.g. {unknown[0]}): the folder holds plans of another graph")
-        key = frozenset(saved)
-        if key not in curve_of:
-            curve_of[key] = len(report.curves)
-            report.curves.append(curve_data(problem, saved))
-        report.plans.append(PlanView(rec, curve_of[key], breakdown(problem, saved, recomputed, op_label),
-                                     breakdown(problem, saved, recomputed, module_label)))
-    return report
+    """The report of the finished run in ``run_dir`` whose graph is ``problem``."""
+    return report_data(read_run(run_dir, problem), problem)
 
 
 def value_table(problem: Problem) -> list[list[Any]]:
     """Per node, in graph order: name, op, module, role and the bytes of its storage (0 when
     its storage is a graph input, which the step does not allocate)."""
     size = problem.storage_size
-    return [[n.name, short_op(n.op) or "?", clean_module(n.module), n.role.value,
+    return [[n.name, node_op(n), clean_module(n.module), n.role.value,
              size[n.storage_id] if problem.counts_memory(n.storage_id) else 0] for n in problem.nodes]
 
 
-def curve_data(problem: Problem, saved: Iterable[str]) -> Curve:
-    """The step under a plan that saves ``saved``, with the largest live buffers at every step."""
-    snapshots: list[tuple[int, list[str]]] = []
-
-    def on_step(live: Mapping[str, int]) -> None:
-        snapshots.append((len(live), heapq.nlargest(TOP_LIVE, live, key=live.__getitem__)))
-
-    saved_set = set(saved)
-    curve = simulate_plan(problem, saved_set, on_step)
-    index, by_name = problem.index, problem.by_name
-    saved_storages = {by_name[v].storage_id for v in saved_set}
-    grads = set(problem.backward_outputs)
-    kinds, top = [], []
-    for (phase, name, _), (_, buffers) in zip(curve.steps, snapshots):
-        kinds.append("f" if phase == "forward" else "b" if by_name[name].role is Role.BACKWARD else "r")
-        top.append([[index[_value_of(b)], _tag(b, by_name, saved_storages, grads)] for b in buffers])
-    return Curve(values=[index[name] for _, name, _ in curve.steps], live_bytes=[b for _, _, b in curve.steps],
-                 kinds="".join(kinds), live_count=[n for n, _ in snapshots], top=top, peak=curve.peak,
-                 peak_gradients=curve.peak_gradients, forward_steps=kinds.count("f"))
-
-
-def _value_of(buffer: str) -> str:
-    return buffer[3:] if buffer.startswith("bw:") else buffer
-
-
-def _tag(buffer: str, by_name: Mapping[str, Node], saved_storages: set[str], grads: set[str]) -> str:
-    if not buffer.startswith("bw:"):  # a storage made in the forward
-        return "s" if buffer in saved_storages else "a"
-    name = buffer[3:]
-    if by_name[name].role is not Role.BACKWARD:
-        return "r"
-    return "g" if name in grads else "t"
-
-
-def op_label(node: Node) -> str:
-    return "graph input" if node.role is Role.INPUT else (short_op(node.op) or "?")
+def node_op(node: Node) -> str:
+    return op_label(node.op, node.role.value)
 
 
 def module_label(node: Node) -> str:

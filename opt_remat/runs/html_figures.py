@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from solvers.budget import BYTE_UNITS, byte_unit, format_bytes
+from solvers.budget import byte_axis, format_bytes, format_seconds, time_axis
 
-from .html_data import Curve, PlanView, RunReport
-from ..report import format_seconds
-from .plots import MIP_SOLVERS, _time_unit
+from .curves import Curve
+from .html_data import PlanView, RunReport
+from .plots import MIP_SOLVERS
 from .results import Record, verified_text
 
 # plotly's default colours, one per solver in the run's order, the same in every figure
@@ -39,11 +39,6 @@ def figures(report: RunReport) -> list[dict[str, Any]]:
 def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
     return {**BASE_LAYOUT, "title": {"text": title, "font": {"size": 15}}, "xaxis": {"title": {"text": x}},
             "yaxis": {"title": {"text": y}}, **extra}
-
-
-def _bytes_axis(top: float) -> tuple[str, float]:
-    unit = byte_unit(top)
-    return unit, float(BYTE_UNITS.get(unit, 1))
 
 
 def plan_hover(rec: Record) -> str:
@@ -78,8 +73,8 @@ def pareto_figure(report: RunReport, colors: dict[str, str]) -> dict[str, Any]:
     """Saved bytes against recompute cost: a line per solver through its budgets, the min-cut hull
     dashed; filled markers for proven optimal plans, a red ring around a failed gradient check."""
     points = [r for r in report.records if r.saved_bytes is not None and r.recompute_cost is not None]
-    bunit, bscale = _bytes_axis(max([r.saved_bytes for r in points] + [b for b, _ in report.hull], default=0))
-    tunit, tscale = _time_unit(max([r.recompute_cost for r in points] + [c for _, c in report.hull], default=0))
+    bunit, bscale = byte_axis([r.saved_bytes for r in points] + [b for b, _ in report.hull])
+    tunit, tscale = time_axis([r.recompute_cost for r in points] + [c for _, c in report.hull])
     data: list[dict[str, Any]] = []
     if report.hull:
         data.append({"type": "scatter", "mode": "lines+markers", "name": "min-cut hull",
@@ -115,8 +110,7 @@ def pareto_figure(report: RunReport, colors: dict[str, str]) -> dict[str, Any]:
 def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, Any]]:
     """Per budget, the simulated live memory over the step: a line per distinct plan (the solvers
     that found it named together), a marker at its peak, a dotted line where its forward ends."""
-    top = max((max(c.live_bytes, default=0) for c in report.curves), default=0)
-    unit, scale = _bytes_axis(top)
+    unit, scale = byte_axis(c.peak for c in report.curves)
     budgets: dict[str, list[PlanView]] = {}
     for view in report.plans:
         budgets.setdefault(view.record.budget, []).append(view)
@@ -151,7 +145,7 @@ def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, 
 
 def _memory_trace(curve: Curve, index: int, name: str, color: str, scale: float, unit: str) -> dict[str, Any]:
     peak_step = curve.live_bytes.index(curve.peak) if curve.peak in curve.live_bytes else -1
-    sizes = [9 if s == peak_step else (3 if k == "r" else 0) for s, k in enumerate(curve.kinds)]
+    sizes = [9 if s == peak_step else (3 if k == "r" else 0) for s, k in enumerate(curve.phases)]
     return {"type": "scatter", "mode": "lines+markers", "name": f"{name} (peak {format_bytes(curve.peak)})",
             "x": list(range(len(curve.values))), "y": [b / scale for b in curve.live_bytes],
             "line": {"color": color, "width": 1.3, "shape": "hv"},

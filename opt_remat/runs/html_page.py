@@ -10,11 +10,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from solvers.budget import column_unit, format_bytes
+from solvers.budget import column_unit, format_bytes, format_seconds
 
-from .html_data import TAGS, TOP_LIVE, RunReport
+from .curves import TAGS, TOP_LIVE, TOTAL
+from .html_data import RunReport
 from .html_figures import figures
-from ..report import format_seconds
 from .results import budget_bytes_text, verified_text
 from .util import jsonable, write_atomic
 
@@ -127,7 +127,7 @@ def breakdown_section(report: RunReport) -> str:
 def page_data(report: RunReport) -> dict[str, Any]:
     """The JSON the page's script reads: figure specifications, values, and the curves' steps."""
     return {"figures": figures(report), "values": report.values, "tags": TAGS, "top_live": TOP_LIVE,
-            "curves": [{"values": c.values, "live_bytes": c.live_bytes, "kinds": c.kinds, "live_count": c.live_count,
+            "curves": [{"values": c.values, "live_bytes": c.live[TOTAL], "kinds": c.phases, "live_count": c.live_count,
                         "top": c.top, "peak": c.peak} for c in report.curves]}
 
 

@@ -8,8 +8,8 @@
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var values = data.values; // [name, op, module, role, storage bytes]
 
-  function fmtBytes(n) {
-    var units = [["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+  function fmtBytes(n) { // solvers.budget.format_bytes's rule
+    var units = [["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
     for (var i = 0; i < units.length; i++) {
       if (Math.abs(n) >= units[i][1]) { return (n / units[i][1]).toFixed(2) + " " + units[i][0]; }
     }

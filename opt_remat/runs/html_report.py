@@ -1,10 +1,11 @@
 """A run's interactive HTML report (``OUT/report.html``): written by ``opt-remat run`` at the end of
 a run, and by ``opt-remat report OUT`` for a finished run.
 
-The page needs the run's graph (live memory and the saved/recomputed breakdown are simulated on
-it). ``run`` has it at hand; ``report`` captures it again from the configuration stored in
-results.json, exactly as ``run`` did, and refuses a graph whose hash is not the one the run solved.
-Data: ``html_data``; figures: ``html_figures``; the page: ``html_page``.
+The page needs the run's graph (the hovers name its values; the saved/recomputed breakdown is
+counted on it); the curves come with the records. ``run`` has the graph at hand; ``report`` captures
+it again from the configuration stored in results.json, exactly as ``run`` did, and refuses a graph
+whose hash is not the one the run solved. Data: ``html_data``; figures: ``html_figures``; the page:
+``html_page``.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from pathlib import Path
 
 from solvers import Problem
 
-from .html_data import ReportError, load_run, read_header
+from .html_data import ReportError, report_data
 from .html_page import REPORT_FILE, write_page
+from .results import load_results
+from .run_data import LoadedRun, read_run
 
 __all__ = ["REPORT_FILE", "ReportError", "write_html_report", "report_run"]
 
 
-def write_html_report(run_dir: Path, problem: Problem) -> Path:
-    """Write ``run_dir/report.html`` from the run's results.json and plan files; returns its path."""
-    return write_page(load_run(run_dir, problem), run_dir)
+def write_html_report(run: LoadedRun, problem: Problem) -> Path:
+    """Write ``report.html`` into the run's folder; returns its path."""
+    return write_page(report_data(run, problem), run.dir)
 
 
 def report_run(run_dir: str | Path) -> Path:
@@ -36,7 +39,8 @@ def report_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a folder (expected the output folder of opt-remat run)")
-    header = read_header(run_dir)
+    results = load_results(run_dir / "results.json")  # the one read of it
+    header = results.header
     data = copy.deepcopy(header.get("config"))
     if not isinstance(data, dict):
         raise ReportError(f"{run_dir / 'results.json'}: holds no configuration (written by an older opt-remat?)")
@@ -54,4 +58,4 @@ def report_run(run_dir: str | Path) -> Path:
         raise ReportError(f"the graph captured now (hash {work.graph_hash}) is not the one the run in {run_dir} "
                           f"solved ({expected}): the model, its factory or torch changed since; rerun it with "
                           "opt-remat run")
-    return write_html_report(run_dir, work.problem)
+    return write_html_report(read_run(run_dir, work.problem, results), work.problem)

@@ -12,13 +12,13 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from solvers.liveness import simulate_plan
-
 from .config import BudgetSpec, Config, SolverSpec
+from .curves import Curve, step_curve
 from .execute import Pair, SolveResult, solve_all
 from .plan_files import write_plan
 from .progress import Display
 from .results import Record, ResultsStore, fingerprint
+from .run_data import PlanValues, read_run
 from .summary import failed_verification, mincut_hull, progress_line, write_reports
 from .util import first_line, jsonable, safe_name
 from .verification import measure_plan, verify_gradients
@@ -49,6 +49,8 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
                           "mincut_hull": [list(p) for p in hull]})
 
     records: dict[tuple[str, str], Record] = {}
+    plans: dict[tuple[str, str], PlanValues] = {}  # the plans solved here, for the reports
+    curves: dict[frozenset[str], Curve] = {}  # each distinct plan simulated once
     pending: list[Pair] = []
     for b in cfg.budgets:
         budget_bytes = work.budget_bytes(b)
@@ -76,15 +78,17 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
         with closing(solved):  # Ctrl-C while checking a plan: the pool's solves are dropped too
             for done, (pair, result) in enumerate(solved, 1):
                 display.doing(f"checking {pair.budget.label} {pair.solver.label}")
-                rec = make_record(cfg, work, pair.budget, pair.solver, pair.budget_bytes, result)
+                rec = make_record(cfg, work, pair.budget, pair.solver, pair.budget_bytes, result, curves)
                 records[rec.key] = rec
+                if result.plan is not None:
+                    plans[rec.key] = PlanValues(tuple(result.plan.saved), tuple(result.plan.recomputed))
                 store.write(list(records.values()))
                 display.finished(progress_line(done, len(pending), rec))
                 for warning in result.warnings:  # e.g. options of the run's other budgets, left out here
                     display.message(f"  warning: {warning}")
 
     ordered = store.write(list(records.values()))
-    table = write_reports(cfg, work, ordered, hull)
+    table = write_reports(cfg, work, read_run(store.dir, work.problem, store.contents(ordered), plans))
     display.message("")
     display.message(table)
     display.message(f"\nresults in {store.dir}")
@@ -99,8 +103,9 @@ def tightest_first(budget: BudgetSpec) -> tuple[bool, int]:
 
 
 def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
-                result: SolveResult) -> Record:
-    """A pair's record: its plan's figures, its plan file, and its checks (or why there is no plan)."""
+                result: SolveResult, curves: dict[frozenset[str], Curve]) -> Record:
+    """A pair's record: its plan's figures and simulated step (``curves``: the run's, by saved
+    values), its plan file, and its checks (or why there is no plan)."""
     rec = Record(budget=b.label, solver=s.label, solver_name=s.name, options=dict(s.options), budget_raw=b.raw,
                  budget_bytes=budget_bytes, peak_budget=b.peak, solve_time_s=result.wall_s)
     plan = result.plan
@@ -110,14 +115,18 @@ def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budge
         return rec
     out_dir = cfg.output_dir
     plan_file = out_dir / "plans" / f"{safe_name(b.label)}__{safe_name(s.label)}.json"
-    curve = simulate_plan(work.problem, plan.saved)
+    key = frozenset(plan.saved)
+    curve = curves.get(key)
+    if curve is None:
+        curve = curves[key] = step_curve(work.problem, plan.saved)
     rec.status, rec.saved_bytes, rec.recompute_cost = plan.status.value, plan.saved_bytes, plan.recompute_cost
     rec.objective, rec.bound, rec.gap, rec.solve_time_s = plan.objective, plan.bound, plan.gap, plan.solve_time_s
     rec.n_saved, rec.n_recomputed, rec.message = len(plan.saved), len(plan.recomputed), plan.message
-    rec.peak_bytes, rec.peak_gradient_bytes = curve.peak, curve.peak_gradients
+    rec.curve, rec.peak_bytes, rec.peak_gradient_bytes = curve, curve.peak, curve.peak_gradients
     rec.extra, rec.warnings = jsonable(dict(plan.extra or {})), list(result.warnings)
     rec.plan_file = str(plan_file.relative_to(out_dir))
-    write_plan(plan_file, cfg, [work], [plan], budget_spec=b.raw, peak_budget=b.peak)
+    write_plan(plan_file, cfg, [work], [plan], [(curve.peak, curve.peak_gradients)], budget_spec=b.raw,
+               peak_budget=b.peak)
 
     start = time.perf_counter()
     if cfg.measure_memory and work.prepared is not None:

@@ -4,28 +4,18 @@ show`` prints about its values, and what the plans were made for. The format is 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from solvers import Plan, Problem
 
+from ..formats.plan_file import graph_entry, plan_document, read_plan_file
+from ..plans import versions
+from ..report import clean_module
 from .config import Config
+from .curves import plan_peaks
 from .util import jsonable, write_atomic
 from .workload import Workload
-
-
-def clean_module(path: str) -> str:
-    """dynamo's ``L['self'].layers[0].fc`` -> ``layers.0.fc``."""
-    m = re.sub(r"^L\['self'\]\.?", "", path or "")
-    m = re.sub(r"\['([^']*)'\]", r".\1", m)
-    m = re.sub(r"\[(\d+)\]", r".\1", m)
-    return m.lstrip(".")
-
-
-def short_op(op: str) -> str:
-    parts = op.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else op
 
 
 def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
@@ -41,19 +31,23 @@ def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
     return nodes
 
 
-def plan_entry(work: Workload, plan: Plan, **extra: Any) -> dict[str, Any]:
-    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints."""
-    from solvers.liveness import simulate_plan
-
-    from ..formats.plan_file import graph_entry
-
+def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None, **extra: Any) -> dict[str, Any]:
+    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints. ``peaks``:
+    the step's peak and its gradient bytes, as the run simulated them (simulated here if not given)."""
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
-    curve = simulate_plan(work.problem, plan.saved)
-    entry["peak_bytes"] = curve.peak
-    entry["peak_gradient_bytes"] = curve.peak_gradients
+    entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks or plan_peaks(work.problem, plan.saved)
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry
+
+
+def read_plan_values(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the (first) plan of a run's plan file saves and recomputes; a ValueError if it cannot be read."""
+    try:
+        graph = read_plan_file(path)["graphs"][0]
+        return tuple(graph["saved"]), tuple(graph.get("recomputed", []))
+    except (IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a plan file of a run ({exc!r})") from None
 
 
 def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
@@ -71,12 +65,11 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
     return out
 
 
-def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan], **extra: Any) -> None:
-    """A plan file holding one plan per captured graph (``extra`` goes into each entry)."""
-    from ..formats.plan_file import plan_document
-    from ..plans import versions
-
-    entries = [plan_entry(w, p, **extra) for w, p in zip(works, plans)]
+def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan],
+               peaks: Sequence[tuple[int, int]] | None = None, **extra: Any) -> None:
+    """A plan file holding one plan per captured graph (``extra`` goes into each entry; ``peaks``
+    as ``plan_entry`` takes them, one per plan)."""
+    entries = [plan_entry(w, p, peaks[i] if peaks else None, **extra) for i, (w, p) in enumerate(zip(works, plans))]
     doc = plan_document(entries, {**made_for(cfg, works[0]), "apply": apply_hint(cfg, path),
                                   "versions": versions()})
     write_atomic(path, json.dumps(jsonable(doc), indent=1) + "\n")

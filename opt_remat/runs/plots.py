@@ -13,18 +13,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from solvers.budget import BYTE_UNITS, byte_unit, format_bytes
+from solvers.budget import byte_axis, format_bytes, time_axis
 
+from .curves import Curve
 from .results import Record
 
 MIP_SOLVERS = ("cpsat", "milp")
-
-
-def _time_unit(max_s: float) -> tuple[str, float]:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if max_s >= scale:
-            return unit, scale
-    return "ns", 1e-9
 
 
 def _save_png(fig: Any, path: str | Path) -> Path:
@@ -46,9 +40,8 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
     points = [r for r in records if r.saved_bytes is not None and r.recompute_cost is not None]
     all_bytes = [r.saved_bytes for r in points] + [p[0] for p in hull]
     all_cost = [r.recompute_cost for r in points] + [p[1] for p in hull]
-    bunit = byte_unit(max(all_bytes, default=0))
-    bscale = BYTE_UNITS[bunit]
-    tunit, tscale = _time_unit(max(all_cost, default=0))
+    bunit, bscale = byte_axis(all_bytes)
+    tunit, tscale = time_axis(all_cost)
 
     fig = Figure(figsize=(7.5, 5.0), dpi=110)
     ax = fig.add_subplot(1, 1, 1)
@@ -106,22 +99,16 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
     return _save_png(fig, path)
 
 
-def memory_plot(curves: dict[str, dict[str, list[int]]], path: str | Path, *,
-                title: str = "live memory during the step",
-                forward_ends: dict[str, dict[str, int]] | None = None,
-                peak_gradients: dict[str, dict[str, int]] | None = None) -> Path:
+def memory_plot(curves: dict[str, dict[str, Curve]], path: str | Path, *,
+                title: str = "live memory during the step") -> Path:
     """Write ``memory_figure`` as a PNG; returns the path."""
-    return _save_png(memory_figure(curves, title=title, forward_ends=forward_ends,
-                                   peak_gradients=peak_gradients), path)
+    return _save_png(memory_figure(curves, title=title), path)
 
 
-def memory_figure(curves: dict[str, dict[str, list[int]]], *, title: str = "live memory during the step",
-                  forward_ends: dict[str, dict[str, int]] | None = None,
-                  peak_gradients: dict[str, dict[str, int]] | None = None) -> Any:
-    """A figure of live bytes per step (``{budget: {solver: [bytes per step]}}``), with a dotted
-    line where each curve's forward ends (``forward_ends``: its number of forward steps) and, in
-    each panel's legend, every curve's peak and how much of it is gradients (``peak_gradients``).
-    A solver has one colour in every panel; legends sit under their panel, in its width."""
+def memory_figure(curves: dict[str, dict[str, Curve]], *, title: str = "live memory during the step") -> Any:
+    """A figure of live bytes per step (``{budget: {solver: curve}}``), with a dotted line where
+    each curve's forward ends and, in each panel's legend, every curve's peak and how much of it is
+    gradients. A solver has one colour in every panel; legends sit under their panel, in its width."""
     import math
 
     import matplotlib
@@ -131,9 +118,7 @@ def memory_figure(curves: dict[str, dict[str, list[int]]], *, title: str = "live
     budgets = list(curves) or ["-"]
     cols = min(3, len(budgets))
     rows = math.ceil(len(budgets) / cols)
-    top = max((max(c, default=0) for per in curves.values() for c in per.values()), default=0)
-    unit = byte_unit(top)
-    scale = BYTE_UNITS[unit]
+    unit, scale = byte_axis(c.peak for per in curves.values() for c in per.values())
     solvers = list(dict.fromkeys(s for per in curves.values() for s in per))
     palette = matplotlib.colormaps["tab10"].colors
     color = {s: palette[i % len(palette)] for i, s in enumerate(solvers)}
@@ -141,14 +126,13 @@ def memory_figure(curves: dict[str, dict[str, list[int]]], *, title: str = "live
     fig = Figure(figsize=(5.2 * cols, (3.2 + 0.19 * longest) * rows + 0.5), dpi=100, layout="constrained")
     for i, budget in enumerate(budgets):
         ax = fig.add_subplot(rows, cols, i + 1)
-        for solver, steps in curves.get(budget, {}).items():
-            peak = max(steps, default=0)
-            grads = (peak_gradients or {}).get(budget, {}).get(solver)
+        for solver, curve in curves.get(budget, {}).items():
+            steps, grads = curve.live_bytes, curve.peak_gradients
             # the rest of the peak: activations and recomputed values
             split = f", of it grads {format_bytes(grads, unit)}" if grads else ""
             ax.plot(range(len(steps)), [b / scale for b in steps], linewidth=0.9, color=color[solver],
-                    label=f"{solver}: peak {format_bytes(peak, unit)}{split}")
-            end = (forward_ends or {}).get(budget, {}).get(solver)
+                    label=f"{solver}: peak {format_bytes(curve.peak, unit)}{split}")
+            end = curve.forward_steps
             if end:  # the forward ends here (plans that save more run a longer forward)
                 ax.axvline(end - 0.5, color=color[solver], linestyle=":", linewidth=0.8, alpha=0.8)
         ax.set_title(f"budget {budget}", fontsize=9)

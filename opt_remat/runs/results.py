@@ -5,7 +5,9 @@ the problem's size, the min-cut hull) and its records; ``results.csv`` the recor
 are rewritten atomically after every pair, so an interrupted run keeps what it finished and a
 rerun resumes: it keeps a record whose pair, budget bytes, solver and options are unchanged.
 
-Format 2 leaves a record's empty fields out (format 1 wrote them as null); both are read.
+Format 2 leaves a record's empty fields out (format 1 wrote them as null); format 3 adds each
+plan's simulated step (``curve``, written on one line), which reports read instead of simulating
+again. All three are read.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import csv
 import dataclasses
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from solvers.budget import format_bytes
 
+from ..errors import OptRematError
 from .config import BudgetSpec, Config, SolverSpec
+from .curves import Curve
 from .util import jsonable, write_atomic
 
-RESULTS_FORMAT = 2
-READABLE_FORMATS = (1, 2)
+RESULTS_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
     "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
@@ -58,6 +63,7 @@ class Record:
     n_recomputed: int | None = None
     peak_bytes: int | None = None  # the whole step's simulated peak ...
     peak_gradient_bytes: int | None = None  # ... and how much of it is gradients
+    curve: Curve | None = None  # the step's live memory, step by step (peak_bytes is its peak)
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
     warnings: list[str] = field(default_factory=list)
@@ -90,14 +96,20 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as results.json holds it: empty fields left out."""
-        return {k: jsonable(v) for k, v in dataclasses.asdict(self).items() if v not in (None, "", [], {})}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "curve"}
+        out = {k: jsonable(v) for k, v in out.items() if v not in (None, "", [], {})}
+        if self.curve is not None:  # plain ints and text already: not walked by jsonable
+            out["curve"] = self.curve.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Record":
-        """A record of results.json (format 1 or 2); keys it does not know are dropped."""
+        """A record of results.json (format 1, 2 or 3); keys it does not know are dropped."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known and v is not None}
         values["budget"], values["solver"] = str(data["budget"]), str(data["solver"])
+        if "curve" in values:
+            values["curve"] = Curve.from_json(values["curve"])
         return cls(**values)
 
 
@@ -112,28 +124,54 @@ def fingerprint(cfg: Config, graph_hash: str, nodes: int, profile: Any) -> dict[
             "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
 
 
+class ResultsError(OptRematError, ValueError):
+    """A results.json that cannot be read: missing, damaged, or of a format this version does not know."""
+
+
 @dataclass
 class ResultsFile:
-    """What a results.json holds, read back."""
+    """What a results.json holds, read back: the run (``header``: everything but the records) and
+    its records. The one object every report of a finished run reads."""
     name: str | None
     format: int
     fingerprint: dict[str, Any]
     records: list[Record]
+    header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hull(self) -> list[tuple[int, float]]:
+        """The min-cut hull's (saved bytes, recompute cost) points."""
+        return [(int(b), float(c)) for b, c in self.header.get("mincut_hull") or []]
+
+    def title(self, fallback: str) -> str:
+        return ((self.header.get("config") or {}).get("output") or {}).get("title") or self.name or fallback
+
+
+def load_results(path: Path) -> ResultsFile:
+    """The results of ``path`` (a results.json), parsed once; a ResultsError saying why not."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{path.parent}: no results.json there (expected a folder written by opt-remat run)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read it ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise ResultsError(f"{path}: not an opt-remat results file")
+    fmt = data.get("format", 1)
+    if fmt not in READABLE_FORMATS:
+        raise ResultsError(f"{path}: results format {fmt}, which this version cannot read (it reads "
+                           f"{', '.join(map(str, READABLE_FORMATS))}); rerun it with this version's opt-remat run")
+    records = [Record.from_json(r) for r in data.pop("results")]
+    return ResultsFile(data.get("name"), fmt, data.get("fingerprint") or {}, records, data)
 
 
 def read_results(path: Path) -> ResultsFile | None:
     """The results of ``path`` (a results.json), or None when there are none to read."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        return load_results(path)
+    except ResultsError:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
-        return None
-    fmt = data.get("format", 1)
-    if fmt not in READABLE_FORMATS:
-        return None
-    return ResultsFile(data.get("name"), fmt, data.get("fingerprint") or {},
-                       [Record.from_json(r) for r in data["results"]])
 
 
 class ResultsStore:
@@ -170,15 +208,33 @@ class ResultsStore:
         for stale in list(self.dir.glob(".*.tmp")) + list((self.dir / "plans").glob(".*.tmp")):
             stale.unlink(missing_ok=True)  # left by a run killed mid-write
 
+    def contents(self, ordered: Sequence[Record]) -> ResultsFile:
+        """What results.json holds once ``ordered`` (``write``'s answer) are written: the reports' run."""
+        kept = [r for k, r in self.previous.items() if k not in self.order]
+        return ResultsFile(self.cfg.name, RESULTS_FORMAT, self.header["fingerprint"], [*ordered, *kept], self.header)
+
     def write(self, records: Sequence[Record]) -> list[Record]:
         """Write the records (in the config's order; pairs no longer in the config stay at the end)."""
         ordered = sorted(records, key=lambda r: self.order.get(r.key, (1 << 30, 0)))
         kept = [r for k, r in self.previous.items() if k not in self.order]
-        doc = dict(self.header, results=[r.to_json() for r in ordered + kept])
-        write_atomic(self.path, json.dumps(doc, indent=1) + "\n")
+        write_atomic(self.path, results_text(self.header, ordered + kept))
         if "csv" in self.cfg.formats:
             write_atomic(self.dir / "results.csv", csv_text(ordered + kept))
         return ordered
+
+
+def results_text(header: dict[str, Any], records: Sequence[Record]) -> str:
+    """results.json's text: indented, but each curve on one line (a line per number would make
+    the file many times longer)."""
+    rows, curves = [], []
+    for rec in records:
+        row = rec.to_json()
+        if "curve" in row:
+            curves.append(json.dumps(row["curve"], separators=(",", ":")))
+            row["curve"] = f"@curve {len(curves) - 1}@"
+        rows.append(row)
+    text = json.dumps(dict(header, results=rows), indent=1)
+    return re.sub(r'"@curve (\d+)@"', lambda m: curves[int(m.group(1))], text) + "\n"
 
 
 def csv_text(records: Sequence[Record]) -> str:

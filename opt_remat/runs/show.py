@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from solvers.budget import column_unit, format_bytes
+from solvers.budget import column_unit, format_bytes, format_seconds
 
-from ..report import format_seconds, table
-from .plan_files import short_op
+from ..report import op_label, table
 
 
 def made_for_lines(made_for: dict[str, Any]) -> list[str]:
@@ -41,7 +40,7 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
     gap = doc.get("gap")
     print(f"solver {doc.get('solver')}, status {doc.get('status')}"
           + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
-          + (f", solved in {doc['solve_time_s']:.3f} s" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
+          + (f", solved in {format_seconds(doc['solve_time_s'])}" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
     print(f"  graph {doc['graph_id']} ({doc.get('graph_nodes', len(doc['values']))} values)")
     budget = doc.get("budget")
     print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
@@ -66,7 +65,7 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
         groups: dict[str, list[str]] = defaultdict(list)
         for n in members_all:
             info = nodes.get(n, {})
-            label = "graph input" if info.get("role") == "input" else short_op(info.get("op", "?"))
+            label = op_label(info.get("op", "?"), info.get("role", ""))
             groups[label].append(n)
         rows = []
         for op, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):

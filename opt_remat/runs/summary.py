@@ -1,19 +1,19 @@
 """What a run says about its records: the progress line of each pair, the summary table, the
-comparison of two runs, the min-cut hull and the live-memory curves, and the report files
-(``summary.txt``, ``pareto.png``, ``memory.png``, ``report.html``)."""
+comparison of two runs, the min-cut hull, and the report files (``summary.txt``, ``pareto.png``,
+``memory.png``, ``report.html``), all from one ``LoadedRun``."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Sequence
 
 from solvers import Plan, Problem
-from solvers.budget import column_unit, format_bytes
+from solvers.budget import column_unit, format_bytes, format_seconds
 
-from ..report import format_seconds
 from .config import TORCH_SOLVER, Config
+from .curves import Curve
 from .results import Record, budget_bytes_text, verified_text
+from .run_data import LoadedRun
 from .util import write_atomic
 from .workload import Workload
 
@@ -141,48 +141,29 @@ def mincut_hull(problem: Problem, max_cuts: int = 48) -> list[tuple[int, float]]
     return sorted(found)
 
 
-def memory_curves(problem: Problem, records: Sequence[Record], out_dir: Path,
-                  forward_ends: dict[str, dict[str, int]] | None = None,
-                  peak_gradients: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, list[int]]]:
-    """Per budget, per solver: the simulated live bytes at every step of the training step (plans
-    read back from their files, so resumed results are plotted too). ``forward_ends`` (if given)
-    gets each curve's number of forward steps; ``peak_gradients`` the gradient bytes in its peak."""
-    from solvers.liveness import simulate_plan
-
-    from ..formats.plan_file import read_plan_file
-
-    curves: dict[str, dict[str, list[int]]] = {}
+def memory_curves(records: Sequence[Record]) -> dict[str, dict[str, Curve]]:
+    """Per budget, per solver: the simulated step of its plan, as its record holds it."""
+    curves: dict[str, dict[str, Curve]] = {}
     for rec in records:
-        if not rec.plan_file or rec.saved_bytes is None:
-            continue
-        try:
-            saved = read_plan_file(out_dir / rec.plan_file)["graphs"][0]["saved"]
-        except (OSError, ValueError):
-            continue  # a plan file removed by hand: its curve is left out
-        curve = simulate_plan(problem, saved)
-        curves.setdefault(rec.budget, {})[rec.solver] = [b for _, _, b in curve.steps]
-        if forward_ends is not None:
-            forward_ends.setdefault(rec.budget, {})[rec.solver] = sum(
-                1 for phase, _, _ in curve.steps if phase == "forward")
-        if peak_gradients is not None:
-            peak_gradients.setdefault(rec.budget, {})[rec.solver] = curve.peak_gradients
+        if rec.curve is not None and rec.saved_bytes is not None:
+            curves.setdefault(rec.budget, {})[rec.solver] = rec.curve
     return curves
 
 
-def write_reports(cfg: Config, work: Workload, records: Sequence[Record], hull: Sequence[tuple[int, float]]) -> str:
-    """The plots and summary.txt the config asks for; returns the summary table."""
+def write_reports(cfg: Config, work: Workload, run: LoadedRun) -> str:
+    """The plots and summary.txt the config asks for, and report.html; returns the summary table
+    (of the config's pairs: results.json may keep others from earlier runs)."""
     out_dir = cfg.output_dir
+    pairs = {(b.label, s.label) for b in cfg.budgets for s in cfg.solvers}
+    records = [r for r in run.records if r.key in pairs]
     if "plot" in cfg.formats:
         from .plots import memory_plot, pareto_plot
-        pareto_plot(records, hull, out_dir / "pareto.png", title=f"{cfg.title}: saved memory vs recompute")
-        forward_ends: dict[str, dict[str, int]] = {}
-        grads: dict[str, dict[str, int]] = {}
-        memory_plot(memory_curves(work.problem, records, out_dir, forward_ends, grads), out_dir / "memory.png",
-                    title=f"{cfg.title}: live memory during the step (simulated)", forward_ends=forward_ends,
-                    peak_gradients=grads)
-    if "html" in cfg.formats:  # after results.json, which the page is read from
+        pareto_plot(records, run.hull, out_dir / "pareto.png", title=f"{cfg.title}: saved memory vs recompute")
+        memory_plot(memory_curves(records), out_dir / "memory.png",
+                    title=f"{cfg.title}: live memory during the step (simulated)")
+    if "html" in cfg.formats:
         from .html_report import write_html_report
-        write_html_report(out_dir, work.problem)
+        write_html_report(run, work.problem)
     table = summary_table(records)
     if cfg.spec.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
         table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
