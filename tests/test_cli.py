@@ -286,7 +286,7 @@ def test_solve_budgets_as_yaml_reads_them(tiny_run, tmp_path, capsys):
     out = tmp_path / "peak.json"
     assert main(["solve", str(path), "--budget", "{peak: 64KiB}", "-o", str(out)]) == 0
     entry = json.loads(out.read_text())["graphs"][0]
-    assert entry["solver"].startswith("mincut") and entry["peak_budget"] == 65536
+    assert entry["solver"].startswith("default") and entry["peak_budget"] == 65536
     assert entry["peak_bytes"] <= 65536
     # no --budget: every budget of the config, a plan file each
     out = tmp_path / "all.json"
