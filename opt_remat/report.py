@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 from solvers import Plan, Problem
 from solvers.budget import format_bytes
+from solvers.progress import Progress
 
 
 def format_seconds(s: float | None) -> str:
@@ -20,6 +21,15 @@ def format_seconds(s: float | None) -> str:
         if abs(s) >= scale:
             return f"{s / scale:.3g} {unit}"
     return f"{s / 1e-9:.3g} ns"
+
+
+def search_text(p: Progress) -> str:
+    """``phase P, best B, bound L, gap G`` of a search (the parts it has)."""
+    parts = [f"phase {p.phase}"] if getattr(p, "phase", "") else []
+    parts += [f"best {format_seconds(p.incumbent)}", f"bound {format_seconds(p.bound)}"]
+    if p.gap is not None:
+        parts.append(f"gap {p.gap:.1%}")
+    return ", ".join(parts)
 
 
 def _op_label(op: str) -> str:
