@@ -231,7 +231,7 @@ def backend(solver: str | None = None, budget: int | float | str | None = None, 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
         return inductor_backend
     if compiler == "eager" or callable(compiler):
-        eager = aot_graphs(pfn, decompositions) if compiler == "eager" else aot_graphs(pfn, decompositions, compiler)
+        eager = aot_graphs(pfn, decompositions) if isinstance(compiler, str) else aot_graphs(pfn, decompositions, compiler)
 
         def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             with _roles_of(pfn, gm), catchable():

@@ -212,7 +212,7 @@ def _solve_budgets(args: argparse.Namespace, cfg: Any, works: list[Any], name: s
         display.start(len(budgets) * len(works))
         for spec in sorted(budgets, key=tightest_first):
             path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
-            plans = []
+            plans: list[Any] = []
             for i, work in enumerate(works):
                 which = f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else "")
                 display.doing(f"solving {which} with {args.solver}")

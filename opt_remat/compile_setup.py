@@ -33,8 +33,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], partitio
     """Inductor's ``compile_fx`` with ``partitioner`` as its custom partitioner. ``cache=False``:
     inductor's FX graph cache and AOTAutograd's cache off (they key on the partitioner's uuid; a
     cache hit would skip the partitioner)."""
-    caches = {} if cache else {"fx_graph_cache": False}
-    autograd_caches = {} if cache else {"enable_autograd_cache": False}
+    caches: dict[str, Any] = {} if cache else {"fx_graph_cache": False}
+    autograd_caches: dict[str, Any] = {} if cache else {"enable_autograd_cache": False}
     with inductor_config.patch(custom_partitioner_fn=partitioner, **caches), functorch_config.patch(**autograd_caches):
         return compile_fx(gm, example_inputs)
 

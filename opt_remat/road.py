@@ -42,7 +42,12 @@ from .report import format_seconds, search_text
 from .request import SolveRequest, auto_lam
 from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
 from .tags import must_save_values, realized_plan, require_must_saves
-from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
+from .torch_budget import (
+    GLOBAL_SETTING,
+    REGION_SETTING,
+    torch_budget,
+    torch_budget_is_set,
+)
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
 
 log = logging.getLogger("opt_remat")

@@ -22,7 +22,7 @@ from solvers.budget import Fraction, parse_budget
 
 from ..options import describe
 from ..request import DEFAULT_SOLVER, RequestError, make_request
-from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec, SolverEntry
+from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec
 from .yaml_lines import apply_override, load_yaml, parse_override
 
 _TAGS = {"graph", "factory", "mapping", "name", "value"}  # union tags that pydantic puts in locations

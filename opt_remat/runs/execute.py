@@ -164,17 +164,18 @@ def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor:
               ) -> Iterator[tuple[Pair, SolveResult]]:
     """Each pair with its result, as they finish. ``on_start`` hears of each pair solved here as it
     starts, ``on_progress`` of its search's incumbent and bound (solves in this process only)."""
-    requests = {p: pair_request(work, p.solver, p.budget) for p in pairs} if jobs > 1 else {}
-    pooled = [p for p, r in requests.items() if isinstance(r, SolveRequest) and not r.torch_baseline]
+    requests = [(p, pair_request(work, p.solver, p.budget)) for p in pairs] if jobs > 1 else []
+    pooled = [(p, r) for p, r in requests if isinstance(r, SolveRequest) and not r.torch_baseline]
     if len(pooled) < 2:
         pooled = []
     pool = _executor(executor, jobs) if pooled else None
     try:
-        futures = {pool.submit(solve_pair, work.problem, requests[p], p.budget_bytes, must_save=work.must_save,
+        futures = {pool.submit(solve_pair, work.problem, r, p.budget_bytes, must_save=work.must_save,
                                memory=memory_key(work, p)): p
-                   for p in pooled} if pool is not None else {}
+                   for p, r in pooled} if pool is not None else {}
+        in_pool = [p for p, _ in pooled]
         for pair in pairs:
-            if pair not in pooled:
+            if pair not in in_pool:
                 on_start(pair)
                 with solver_progress.reporting(on_progress) if on_progress is not None else nullcontext():
                     result = _solve_here(work, pair)
