@@ -144,8 +144,9 @@ def _run(args: argparse.Namespace) -> int:
 def _solve(args: argparse.Namespace) -> int:
     from .options import known_solvers
     from .request import DEFAULT_SOLVER
-    from .runs import ConfigError, load_config, materialize_all
+    from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.plan_files import apply_hint
+    from .runs.solve_files import solve_to_files
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
@@ -177,7 +178,9 @@ def _solve(args: argparse.Namespace) -> int:
     works = materialize_all(cfg)
     written: list[Path] = []
     try:
-        _solve_budgets(args, cfg, works, name, options, out, written)
+        solve_to_files(cfg, works, name, args.solver, options, out, written)
+    except SolveRefused as exc:
+        raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         what = f"written: {', '.join(map(str, written))}" if written else "nothing was written"
         raise SolveStopped(f"interrupted; {what}") from None
@@ -189,53 +192,6 @@ def _solve(args: argparse.Namespace) -> int:
 
 class SolveStopped(KeyboardInterrupt):
     """Ctrl-C in ``solve``: the message says which plan files were written."""
-
-
-def _solve_budgets(args: argparse.Namespace, cfg: Any, works: list[Any], name: str, options: dict[str, Any],
-                   out: Path, written: list[Path]) -> None:
-    """A plan file per budget of ``cfg``, each holding a plan per captured graph; peak budgets last,
-    tightest first, so that each plan is a candidate at the looser ones (opt_remat.plan_memory).
-    Ctrl-C keeps what finished: the best plan of the solve it stops (``SolveInterrupted.plan``)
-    completes its budget's file when it is the last graph's."""
-    from solvers import progress as solver_progress
-
-    from .report import describe_plan
-    from .runs import SolveRefused
-    from .runs.execute import solve_one
-    from .runs.loop import tightest_first
-    from .runs.plan_files import write_plan
-    from .runs.progress import Display, terminal_mode
-    from .solve import SolveInterrupted
-
-    budgets = cfg.budgets
-    with Display(terminal_mode(sys.stdout)) as display:  # live on a terminal, a line per change piped
-        display.start(len(budgets) * len(works))
-        for spec in sorted(budgets, key=tightest_first):
-            path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
-            plans: list[Any] = []
-            for i, work in enumerate(works):
-                which = f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else "")
-                display.doing(f"solving {which} with {args.solver}")
-                try:
-                    with solver_progress.reporting(display.search):
-                        plan, _ = solve_one(work, name, spec, options=options, warn=display.warning)
-                except SolveRefused as exc:
-                    raise UsageError(f"{which}: {exc}") from None
-                except SolveInterrupted as exc:
-                    if exc.plan is not None and len(plans) == len(works) - 1:
-                        write_plan(path, cfg, works, [*plans, exc.plan], budget_spec=spec.raw, peak_budget=spec.peak)
-                        written.append(path)
-                    raise
-                plans.append(plan)
-                display.finished(f"== {which}\n{describe_plan(work.problem, plan)}")
-            write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
-            written.append(path)
-            display.message(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
-                            f"written to {path}")
-
-
-def _safe_label(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in label).strip("_") or "budget"
 
 
 # ---- show --------------------------------------------------------------------------------------------

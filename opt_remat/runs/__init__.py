@@ -5,7 +5,7 @@ and the wording of errors; ``yaml_lines``: YAML with the line of every key, ``--
 -> ``execute`` (solve the pairs: here, in a process pool, or on Ray) -> ``verification`` (measured
 bytes, gradients) -> ``results`` (typed records, results.json/csv, resume) -> ``summary``,
 ``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``);
-``plan_files`` and ``show`` for plan files, ``progress`` for the live display, and ``loop`` for
+``plan_files``, ``solve_files`` (``opt-remat solve``) and ``show`` for plan files, ``progress`` for the live display, and ``loop`` for
 the run itself. Each pair is solved, lowered and verified through ``opt_remat.road``, the road the
 API takes. Importing this package imports torch (the solve settings are checked as the API's are).
 """
