@@ -27,7 +27,8 @@ import torch
 from opt_remat.capture import capture
 from opt_remat.models import example_inputs, gpt2, llama, resnet
 from opt_remat.report import table
-from opt_remat.runs.workload import _problem_of
+from opt_remat.request import make_request
+from opt_remat.runs.workload import prepare_captured
 from opt_remat.solve import choose_default_plan, choose_plan, resolve_budget
 from solvers.problem import Problem
 
@@ -61,8 +62,9 @@ def _big(name: str, fractions: list[float]) -> tuple[Problem, dict[float, int], 
     kw, shape = BIG[name]
     joint = capture(lambda: llama(**kw), (torch.zeros(*shape, dtype=torch.long),), meta=True,
                     dtype=torch.bfloat16)
-    _, problem, top = _problem_of(joint, "h100")
-    budgets = {f: resolve_budget(problem, f, top_anchor=lambda: top) for f in fractions}
+    prepared = prepare_captured(joint, make_request(device="h100"))
+    problem = prepared.problem
+    budgets = {f: resolve_budget(problem, f, top_anchor=prepared.top_anchor) for f in fractions}
     return problem, budgets, "milp"
 
 

@@ -8,43 +8,31 @@ import functools
 import gc
 import hashlib
 import json
+import logging
 import time
-import warnings
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch.fx as fx
-from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from solvers import Plan, Problem, catalog
-from solvers.budget import Fraction, format_bytes, parse_budget
+from solvers import Plan, Problem
+from solvers.budget import format_bytes
 
-from . import plan_memory
-from .build import build_problem, classify, prepare_joint
-from .canonical import canonical_values, graph_id, input_roles
-from .costs import DeviceProfile, get_profile
+from . import road
+from .canonical import input_roles
+from .compile_setup import aot_graphs, inductor_compile
+from .costs import DeviceProfile
 from .errors import catchable
-from .formats.plan_file import read_plan_file
-from .lower import lower_plan
-from .options import (TORCH_SOLVER, check_solver_options, default_solver_options, mode_of, options_in_mode,
-                      possible_modes)
+from .plans import versions
 from .report import format_seconds
-from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
-from .tags import must_save_values, realized_plan, require_must_saves
-from .torch_budget import GLOBAL_SETTING, REGION_SETTING, torch_budget, torch_budget_is_set
-from .torch_reference import torch_plan, torch_runtime_optimized_saved
+from .request import auto_lam, make_request
 
-# lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
-# bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
-AUTO_LAM_FRACTION_OF_BANDWIDTH = 0.1
+__all__ = ["PartitionRecord", "Partitioner", "auto_lam", "backend", "code_fingerprint", "gc_paused", "partitioner"]
 
-
-def auto_lam(profile: DeviceProfile) -> float:
-    """``lam="auto"`` on a device: the min-cut weight the default path uses."""
-    return AUTO_LAM_FRACTION_OF_BANDWIDTH * profile.bandwidth
+log = logging.getLogger("opt_remat")
 
 
 @dataclass(repr=False)
@@ -88,11 +76,6 @@ class PartitionRecord:
         return self.canonical
 
 
-def _canonical(joint_module: fx.GraphModule, roles: list[str] | None) -> tuple[list[dict[str, Any]], str]:
-    values = canonical_values(joint_module, roles)
-    return values, graph_id(joint_module, values)
-
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cycle collector off for a partition: building graphs allocates many objects, and
@@ -110,7 +93,7 @@ def gc_paused() -> Iterator[None]:
 @dataclass
 class Partitioner:
     """A ``partition_fn`` for AOTAutograd (same signature as torch's min-cut partitioner)."""
-    solver: str | None = None  # None: mincut, or under a budget mincut then a short CP-SAT search
+    solver: str | None = None  # None: the default path (min-cut; under a budget HiGHS from min-cut starts)
     budget: int | float | str | None = None
     device: str | DeviceProfile | Mapping[str, Any] = "h100"
     options: dict[str, Any] = field(default_factory=dict)
@@ -127,22 +110,13 @@ class Partitioner:
     settings: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.costs not in ("roofline", "profile"):
-            raise ValueError(f"costs must be 'roofline' or 'profile', got {self.costs!r}")
-        parse_budget(self.budget)  # fail early on a budget that does not parse
-        peak = parse_budget(self.peak_budget)
-        if isinstance(peak, Fraction):
-            raise ValueError(f"peak_budget is bytes (an int or a string such as '200MiB'), got {self.peak_budget!r}")
-        self._peak_bytes = peak
-        self.profile = get_profile(self.device)
+        # checked here, once, as a run config's pairs are (opt_remat.request)
+        self.request = make_request(self.solver, self.budget, peak_budget=self.peak_budget,
+                                    count_gradients=self.count_gradients, options=self.options,
+                                    device=self.device, costs=self.costs, rng_replay=self.rng_replay,
+                                    count_input_bytes=self.count_input_bytes, plan=self.plan)
+        self.profile = self.request.profile
         self._noted_override = False  # the explicit-budget note is given once per partitioner
-        self._plan_data = read_plan_file(self.plan) if self.plan is not None else None
-        # the check YAML configs get: a misspelled option fails here, not at compile time
-        checked = {k: 0.0 if (k, v) == ("lam", "auto") else v for k, v in self.options.items()}
-        check_solver_options(self.solver, checked, possible_modes(self.budget, self._peak_bytes))
-        if peak is not None and self.plan is None and self.solver not in (None, *catalog.supporting(catalog.PEAK)):
-            raise ValueError(f"solver {self.solver!r} has no peak-budget mode: peak_budget works with solver "
-                             f"{', '.join(map(repr, catalog.supporting(catalog.PEAK)))} or none (the default)")
 
     def uuid(self) -> str:
         """A key for everything that decides this partitioner's plans: solver, budgets, options,
@@ -160,17 +134,6 @@ class Partitioner:
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
 
-    def solver_options(self, budget: int | float | str | None = None) -> dict[str, Any]:
-        """Options for the solver; ``budget`` is the one in force (``budget=`` or torch's). Options
-        of another mode (allowed when torch's settings decide the budget) are left out, with a
-        warning."""
-        mode = mode_of(budget, self._peak_bytes)
-        opts = options_in_mode(self.solver, self.options, mode)
-        if self.solver in ("mincut", None) and mode == "free":
-            lam = opts.get("lam", "auto")
-            opts["lam"] = auto_lam(self.profile) if lam == "auto" else float(lam)
-        return opts
-
     def __call__(self, joint_module: fx.GraphModule, joint_inputs: Any, *args: Any,
                  num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -180,126 +143,26 @@ class Partitioner:
     def _partition(self, joint_module: fx.GraphModule, joint_inputs: Any, num_fwd_outputs: int,
                    static_lifetime_input_indices: list[int] | None) -> tuple[fx.GraphModule, fx.GraphModule]:
         start = time.perf_counter()
-        # torch's baseline runs torch's partitioner, which knows nothing of opt-remat's state nodes
-        replay = self.rng_replay and not (self.solver == TORCH_SOLVER and self._plan_data is None)
-        joint_module = prepare_joint(joint_module, rng_replay=replay)
-        info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
-        if len(info.required_bw_nodes) == 0:  # nothing to partition: torch's save-all does it
-            return tp.default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+        prepared = road.prepare(joint_module, num_fwd_outputs, static_lifetime_input_indices, self.request,
+                                input_roles=self.input_roles)
+        if not prepared.has_backward:  # nothing to partition: torch's save-all does it
+            return tp.default_partition(prepared.module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static_lifetime_input_indices)
-        problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile,
-                                costs=self.costs,
-                                count_input_bytes=self.count_input_bytes, node_info=info)
-        requested = self._budget_in_force(joint_module, info)
-        if self.solver == TORCH_SOLVER and self._plan_data is None:
-            budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
-                torch_runtime_optimized_saved(joint_module, info)))
-            return self._torch_partition(joint_module, joint_inputs, info, problem, budget, requested,
-                                         num_fwd_outputs, static_lifetime_input_indices, start)
-        # the joint graph is not changed after this: its canonical values can wait for a reader
-        canonical: Any = functools.partial(_canonical, joint_module, self.input_roles)
-        if self._plan_data is not None:
-            from .plans import match_plan
-            budget = resolve_budget(problem, requested, top_anchor=lambda: problem.saved_bytes(
-                torch_runtime_optimized_saved(joint_module, info)))
-            plan = match_plan(self._plan_data, joint_module, self.input_roles, problem, settings=self.settings,
-                              source=f"plan file {self.plan}")
-        else:
-            # MUST_SAVE values are spent bytes to the solver; the plan is then read on the problem
-            steer = require_must_saves(problem, must_save_values(joint_module))
-            budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
-                torch_runtime_optimized_saved(joint_module, info)))
-            memory = None
-            if self._peak_bytes is not None and plan_memory.enabled():
-                # plans of earlier solves of this graph are reused (opt_remat.plan_memory): its ids now
-                canonical = _canonical(joint_module, self.input_roles)
-                memory = plan_memory.graph_key(*canonical)
-            with _solve_lines(self.verbose, self.solver, requested, self._peak_bytes) as done:
-                plan = done(self._solve(steer, budget, requested, memory))
-            plan = realized_plan(problem, plan)
-        fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
-                                          static_lifetime_input_nodes=info.static_lifetime_input_nodes)
-        self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start, canonical))
+        requested, note = road.budget_in_force(prepared, self.request)
+        if note and not self._noted_override:
+            self._noted_override = True
+            log.warning(note)
+        solved = road.plan_for(prepared, self.request, requested, settings=self.settings, verbose=self.verbose)
+        fw_module, bw_module = road.lower(prepared, solved.plan, self.request, joint_inputs)
+        self.history.append(PartitionRecord(prepared.problem, solved.plan, solved.budget_bytes, fw_module,
+                                            bw_module, num_fwd_outputs, time.perf_counter() - start,
+                                            prepared.canonical_later()))
         return fw_module, bw_module
-
-
-    def _solve(self, steer: Problem, budget: int | None, requested: int | float | str | None,
-               memory: plan_memory.GraphKey | None = None) -> Plan:
-        opts = self.solver_options(requested)
-        if self._peak_bytes is not None:
-            return choose_peak_plan(steer, self.solver or "mincut", self._peak_bytes, budget, opts,
-                                    default_lam=auto_lam(self.profile), count_gradients=self.count_gradients,
-                                    memory=memory)
-        if self.solver is None:
-            split = default_solver_options(opts, mode_of(requested, None))
-            return choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
-        return choose_plan(steer, self.solver, budget, opts)
-
-    def _budget_in_force(self, joint_module: fx.GraphModule, info: tp.NodeInfo) -> int | float | str | None:
-        """``budget=`` if given (noting once that it overrides torch's settings), else torch's."""
-        if self.budget is not None:
-            if not self._noted_override and torch_budget_is_set(joint_module):
-                self._noted_override = True
-                warnings.warn(f"opt-remat: budget={self.budget!r} was given, so torch's memory budget "
-                              f"settings ({GLOBAL_SETTING}, {REGION_SETTING}) are ignored",
-                              stacklevel=3)
-            return self.budget
-        found = torch_budget(joint_module, info)
-        return None if found is None else found.fraction
-
-    def _torch_partition(self, joint_module: fx.GraphModule, joint_inputs: Any, info: tp.NodeInfo,
-                         problem: Problem, budget: int | None, requested: int | float | str | None,
-                         num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None,
-                         start: float) -> tuple[fx.GraphModule, fx.GraphModule]:
-        """torch's own partitioner at the requested fraction (or the one that fits the bytes)."""
-        values = canonical_values(joint_module, self.input_roles)  # before torch's partitioner edits the graph
-        gid = graph_id(joint_module, values)
-        parsed = parse_budget(requested)
-        fraction = float(parsed) if isinstance(parsed, Fraction) else None
-        plan = torch_plan(joint_module, info, problem, budget, fraction=fraction)
-        with functorch_config.patch(activation_memory_budget=plan.extra["torch_fraction"]):
-            fw_module, bw_module = tp.min_cut_rematerialization_partition(
-                joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                static_lifetime_input_indices=static_lifetime_input_indices)
-        self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
-                                            time.perf_counter() - start, (values, gid)))
-        return fw_module, bw_module
-
-@contextlib.contextmanager
-def _solve_lines(verbose: bool, solver: str | None, budget: Any, peak: int | None
-                 ) -> Iterator[Callable[[Plan], Plan]]:
-    """With ``verbose``: a solve's progress (phase, best cost, bound, gap) as lines on stderr, the
-    lines ``opt-remat run`` prints when piped, then the plan found; yields what hands it over."""
-    if not verbose:
-        yield lambda plan: plan
-        return
-    import sys
-
-    from solvers import progress
-
-    from .runs.progress import Display
-
-    what = (f"{solver or 'default'}" + (f" budget {budget}" if budget is not None else "")
-            + (f" peak {format_bytes(peak)}" if peak is not None else ""))
-    display = Display("lines", stream=sys.stderr)
-    display.doing(f"opt-remat: solving {what}")
-
-    def done(plan: Plan) -> Plan:
-        display.message(f"opt-remat: {what}: plan by {plan.solver}, {plan.status.value}, recompute "
-                        f"{format_seconds(plan.recompute_cost)}, saved {format_bytes(plan.saved_bytes)}, "
-                        f"{plan.solve_time_s:.1f} s")
-        return plan
-
-    with progress.reporting(display.search):
-        yield done
 
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """opt-remat's version and a hash of the sources of ``opt_remat`` and ``solvers``."""
-    from .plans import versions
-
     digest = hashlib.sha256(repr(sorted(versions().items())).encode())
     for package in (Path(__file__).parent, Path(__file__).parent.parent / "solvers"):
         for path in sorted(package.glob("*.py")):
@@ -344,17 +207,6 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                        verbose=verbose)
 
 
-def _decompositions(name: str | Mapping | None) -> Mapping:
-    if name is None or name == "none":
-        return {}
-    if name == "inductor":
-        from torch._inductor.decomposition import select_decomp_table
-        return select_decomp_table()
-    if isinstance(name, Mapping):
-        return name
-    raise ValueError(f"decompositions must be 'inductor', 'none' or a table, got {name!r}")
-
-
 def backend(solver: str | None = None, budget: int | float | str | None = None, *,
             compiler: str | Callable[..., Any] = "inductor", decompositions: str | Mapping | None = None,
             partition_fn: Partitioner | None = None, **options: Any) -> Callable[..., Any]:
@@ -369,29 +221,17 @@ def backend(solver: str | None = None, budget: int | float | str | None = None, 
         pfn.settings = {"compiler": compiler if isinstance(compiler, str) else "custom",
                         "decompositions": "inductor" if compiler == "inductor" else decompositions}
     if compiler == "inductor":
-        from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
-
         custom = _OptRematPartitionFn(pfn)
-        # the caches key on the partitioner's uuid(); a partition_fn without one must not be cached
-        caches = {} if isinstance(pfn, Partitioner) else {"fx_graph_cache": False}
-        autograd_caches = {} if isinstance(pfn, Partitioner) else {"enable_autograd_cache": False}
 
         def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            with inductor_config.patch(custom_partitioner_fn=custom, **caches), \
-                    functorch_config.patch(**autograd_caches), _roles_of(pfn, gm), catchable():
-                return compile_fx(gm, example_inputs)
+            with _roles_of(pfn, gm), catchable():
+                # the caches key on the partitioner's uuid(); a partition_fn without one is not cached
+                return inductor_compile(gm, example_inputs, custom, cache=isinstance(pfn, Partitioner))
 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
         return inductor_backend
     if compiler == "eager" or callable(compiler):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._dynamo.backends.debugging import boxed_nop
-
-        # boxed calls let the graphs free saved values after their last use, as inductor does
-        graph_compiler = boxed_nop if compiler == "eager" else compiler
-        eager = aot_autograd(fw_compiler=graph_compiler, bw_compiler=graph_compiler, partition_fn=pfn,
-                             decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
+        eager = aot_graphs(pfn, decompositions) if isinstance(compiler, str) else aot_graphs(pfn, decompositions, compiler)
 
         def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             with _roles_of(pfn, gm), catchable():

@@ -20,11 +20,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
+from torch._functorch.compilers import nop
+from torch._functorch.partitioners import default_partition
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                           FakeTensorMode, unset_fake_temporarily)
 
 from .canonical import input_roles
 from .errors import CaptureError
+from .compile_setup import aot_graphs, inductor_compile
 
 
 def _deepcopy_unfaked(module: fx.GraphModule) -> fx.GraphModule:
@@ -114,43 +118,30 @@ class _Captured(Exception):
 _SINK: Callable[[fx.GraphModule, dict[str, Any]], None] | None = None
 
 
-def _inductor_catcher() -> Any:
+class _CatchJoint(CustomPartitionerFn):
     """A stateless (so picklable for inductor's cache key) custom partitioner that hands the joint
     graph to ``_SINK`` and stops the compilation before code generation."""
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-    global _CatchJoint
-    if _CatchJoint is None:
-        class CatchJoint(CustomPartitionerFn):
-            def __call__(self, gm: Any, joint_inputs: Any, **kw: Any) -> Any:
-                kw.pop("compiler", None)
-                if _SINK is not None:
-                    _SINK(gm, kw)
-                raise _Captured()
+    def __call__(self, gm: Any, joint_inputs: Any, **kw: Any) -> Any:
+        kw.pop("compiler", None)
+        if _SINK is not None:
+            _SINK(gm, kw)
+        raise _Captured()
 
-            def uuid(self) -> None:
-                return None
+    def uuid(self) -> None:
+        return None
 
-        _CatchJoint = CatchJoint
+
+def _inductor_catcher() -> _CatchJoint:
     return _CatchJoint()
-
-
-_CatchJoint: Any = None
 
 
 def _capturing_backend(compiler: str, decompositions: Any,
                        record: Callable[[fx.GraphModule, dict[str, Any], list[str]], None]) -> Callable:
-    """A torch.compile backend set up as ``opt_remat.backend(compiler=...)`` is, whose partitioner
-    records each joint graph; the regions then run uncompiled (they only need to reach the next)."""
-    from torch._functorch import config as functorch_config
-
-    from .api import _decompositions
-
+    """A torch.compile backend set up as ``opt_remat.backend(compiler=...)`` is (``compile_setup``),
+    whose partitioner records each joint graph; the regions then run uncompiled (they only need to
+    reach the next)."""
     if compiler == "eager":
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.compilers import nop
-        from torch._functorch.partitioners import default_partition
-
         def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             roles = input_roles(gm)
 
@@ -158,22 +149,15 @@ def _capturing_backend(compiler: str, decompositions: Any,
                 record(joint, kw, roles)
                 return default_partition(joint, joint_inputs, **kw)
 
-            return aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=catch,
-                                decompositions=_decompositions(decompositions),
-                                keep_inference_input_mutations=True)(gm, example_inputs)
+            return aot_graphs(catch, decompositions, nop)(gm, example_inputs)
         return backend
     if compiler == "inductor":
-        from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
-
         def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             global _SINK
             roles = input_roles(gm)
             _SINK = lambda joint, kw: record(joint, kw, roles)  # noqa: E731
             try:  # a cache hit would skip the partitioner that records the graph
-                with inductor_config.patch(custom_partitioner_fn=_inductor_catcher(), fx_graph_cache=False), \
-                        functorch_config.patch(enable_autograd_cache=False):
-                    return compile_fx(gm, example_inputs)
+                return inductor_compile(gm, example_inputs, _inductor_catcher(), cache=False)
             except Exception as exc:
                 if not _caused_by(exc, _Captured):
                     raise

@@ -143,15 +143,11 @@ def _run(args: argparse.Namespace) -> int:
 
 # ---- solve -----------------------------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    from solvers import progress as solver_progress
-
     from .options import known_solvers
-    from .report import describe_plan
+    from .request import DEFAULT_SOLVER
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
-    from .runs.execute import solve_one
-    from .runs.loop import tightest_first
-    from .runs.plan_files import apply_hint, write_plan
-    from .runs.progress import Display, terminal_mode
+    from .runs.plan_files import apply_hint
+    from .runs.solve_files import solve_to_files
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
@@ -170,44 +166,33 @@ def _solve(args: argparse.Namespace) -> int:
             name, options = spec.name, dict(spec.options)
             if spec.label == args.solver:
                 break
-    if name not in known_solvers():
+    if name not in (DEFAULT_SOLVER, *known_solvers()):
         raise UsageError(f"--solver: unknown solver {args.solver!r}; expected one of: "
-                         f"{', '.join(known_solvers())} or a label from the config")
+                         f"{', '.join([DEFAULT_SOLVER, *known_solvers()])} or a label from the config")
     out = Path(args.output)
     if out.exists() and out.is_dir():
         raise UsageError(f"-o: {out} is a folder; expected a file name such as plan.json")
     if not out.parent.exists():
         raise UsageError(f"-o: folder {out.parent} does not exist")
     budgets = cfg.budgets
+    print(f"capturing {cfg.name} ...", flush=True)
     works = materialize_all(cfg)
-    with Display(terminal_mode(sys.stdout)) as display:  # live on a terminal, a line per change piped
-        display.start(len(budgets) * len(works))
-        # one plan file per budget, each holding a plan per captured graph; peak budgets last,
-        # tightest first, so that each plan is a candidate at the looser ones (opt_remat.plan_memory)
-        for spec in sorted(budgets, key=tightest_first):
-            path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{_safe_label(spec.label)}{out.suffix}")
-            plans = []
-            for i, work in enumerate(works):
-                which = f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else "")
-                display.doing(f"solving {which} with {args.solver}")
-                try:
-                    with solver_progress.reporting(display.search):
-                        plan, _ = solve_one(work, name, spec, options=options, warn=display.warning)
-                except SolveRefused as exc:
-                    raise UsageError(f"{which}: {exc}") from None
-                plans.append(plan)
-                display.finished(f"== {which}\n{describe_plan(work.problem, plan)}")
-            write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
-            display.message(f"plan for {len(works)} graph(s) ({', '.join(f'{w.graph_id}: {len(w.problem.nodes)} nodes' for w in works)}) "
-                            f"written to {path}")
+    written: list[Path] = []
+    try:
+        solve_to_files(cfg, works, name, args.solver, options, out, written)
+    except SolveRefused as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        what = f"written: {', '.join(map(str, written))}" if written else "nothing was written"
+        raise SolveStopped(f"interrupted; {what}") from None
     hint = apply_hint(cfg, out if len(budgets) == 1 else out.with_name(f"{out.stem}-LABEL{out.suffix}"))
     if hint:
         print(f"apply it in training with: {hint}")
     return 0
 
 
-def _safe_label(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in label).strip("_") or "budget"
+class SolveStopped(KeyboardInterrupt):
+    """Ctrl-C in ``solve``: the message says which plan files were written."""
 
 
 # ---- show --------------------------------------------------------------------------------------------
@@ -385,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _err(str(exc))
             return EXIT_BAD_INPUT
         raise
+    except SolveStopped as exc:  # ``solve`` says which plan files it wrote
+        _err(str(exc))
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # ``run`` says where its finished pairs are; other commands write at the end
         _err("interrupted; nothing was written" if args.command == "solve" else "interrupted")
         return EXIT_INTERRUPTED

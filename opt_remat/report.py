@@ -8,9 +8,19 @@ from typing import Iterable, Sequence
 
 from solvers import Plan, Problem
 from solvers.budget import column_time_unit, format_bytes, format_seconds
+from solvers.progress import Progress
 
-__all__ = ["clean_module", "cost_table", "counts_by_op", "describe_plan", "format_seconds", "op_label", "short_op",
-           "table"]
+__all__ = ["clean_module", "cost_table", "counts_by_op", "describe_plan", "format_seconds", "op_label", "search_text",
+           "short_op", "table"]
+
+
+def search_text(p: Progress) -> str:
+    """``phase P, best B, bound L, gap G`` of a search (the parts it has)."""
+    parts = [f"phase {p.phase}"] if getattr(p, "phase", "") else []
+    parts += [f"best {format_seconds(p.incumbent)}", f"bound {format_seconds(p.bound)}"]
+    if p.gap is not None:
+        parts.append(f"gap {p.gap:.1%}")
+    return ", ".join(parts)
 
 
 def short_op(op: str) -> str:

@@ -106,8 +106,7 @@ def resolve_budget(problem: Problem, budget: int | float | str | None,
     return int(math.floor(lo + float(parsed) * (hi - lo)))
 
 
-def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict[str, Any] | None = None,
-                *, fallback: bool = True) -> Plan:
+def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict[str, Any] | None = None) -> Plan:
     """Solve and verify. Solver failures fall back to the min-cut plan with a warning; a budget
     that no plan meets raises BudgetError naming the smallest feasible saved bytes."""
     options = dict(options or {})
@@ -128,7 +127,7 @@ def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict
         raise  # bad options or input: the user's to fix, not a solver failure
     except Exception as exc:  # a solver crash must not kill a training run
         _raise_if_interrupted(problem, None, budget)
-        if not fallback or solver == "mincut":
+        if solver == "mincut":
             raise
         warnings.warn(f"opt-remat: solver {solver!r} failed ({type(exc).__name__}: {exc}); "
                       "falling back to the min-cut plan", stacklevel=2)

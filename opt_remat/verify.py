@@ -8,20 +8,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import partitioners as tp
-from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.fx_utils import get_node_storage
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
+from .compile_setup import aot_graphs
 from .costs import tensor_bytes
 
 
 def save_all_backend(decompositions: Any = None) -> Callable[..., Any]:
     """torch's ``default_partition`` (save everything the backward reads) on plain FX graphs."""
-    from .api import _decompositions
-    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=tp.default_partition,
-                        decompositions=_decompositions(decompositions), keep_inference_input_mutations=True)
+    return aot_graphs(tp.default_partition, decompositions)
 
 
 def default_loss(out: Any) -> torch.Tensor:

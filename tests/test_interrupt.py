@@ -68,23 +68,8 @@ def test_sigint_stops_a_cpsat_solve_with_its_best_plan(tmp_path):
     assert time.monotonic() - sent < 15
 
 
-def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
-    config = textwrap.dedent("""
-        model:
-          factory: opt_remat.models:llama
-          kwargs: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
-          inputs: [{shape: [2, 16], dtype: int64, high: 64}]
-        budgets: [0.5, PEAK]
-        solvers: [mincut, {name: cpsat, time_limit_s: 4}]
-        verify: {gradients: false, measure_memory: false}
-        output: {dir: out, formats: [json]}
-    """)
-    # a peak budget between the floor and save-all's peak that the peak solve does not settle
-    # within 4 s, so that the Ctrl-C lands inside it (found here, where torch is imported
-    # already, not in a process of its own; as the solver improves, budgets it settles fast move
-    # closer to the floor: halfway took 40 s+, then 1 s once the cut rows counted values made
-    # for later recomputations). The run's solve has the same 4 s limit: with 120 s its phases
-    # got more time each and the budget found here settled in 1.9 s, racing the Ctrl-C
+def _long_peak(tmp_path: Path, config: str) -> int:
+    """A peak budget of the config's model whose peak solve takes its whole 4 s."""
     from opt_remat.runs import load_config, materialize
     from solvers.liveness import peak_lower_bound, simulate_plan
     from solvers.catalog import solve
@@ -103,10 +88,56 @@ def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
         except PeakInfeasibleError:
             pass
         if time.monotonic() - start >= 3.9:
-            break
-    else:
-        pytest.fail("every peak budget tried was settled within 4 s: no long solve to interrupt")
-    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % peak))
+            return peak
+    pytest.fail("every peak budget tried was settled within 4 s: no long solve to interrupt")
+
+
+RUN_CONFIG = textwrap.dedent("""
+    model:
+      factory: opt_remat.models:llama
+      kwargs: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
+      inputs: [{shape: [2, 16], dtype: int64, high: 64}]
+    budgets: [0.5, PEAK]
+    solvers: [mincut, {name: cpsat, time_limit_s: 4}]
+    verify: {gradients: false, measure_memory: false}
+    output: {dir: out, formats: [json]}
+""")
+
+
+def test_sigint_in_solve_keeps_the_plan_files_written_and_names_them(tmp_path):
+    (tmp_path / "run.yaml").write_text(RUN_CONFIG.replace("PEAK", "{peak: %d}" % _long_peak(tmp_path, RUN_CONFIG)))
+    proc = _start(["-m", "opt_remat.cli", "solve", "run.yaml", "--solver", "cpsat", "-o", "plan.json"], tmp_path)
+    assert "capturing" in _wait_for(proc, "capturing")  # said before the capture, as run says it
+    _wait_for(proc, "written to")  # the saved-bytes budget's file; the long peak solve starts
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "nothing was written" not in err and "Traceback" not in err, err[-2000:]
+    written = sorted(p.name for p in tmp_path.glob("plan-*.json"))
+    assert "plan-0.5.json" in written and last.startswith("opt-remat: error: interrupted; written: ")
+    assert all(name in last for name in written), (written, last)  # the peak's too, when its solve had a plan
+
+
+def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
+    config = textwrap.dedent("""
+        model:
+          factory: opt_remat.models:llama
+          kwargs: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
+          inputs: [{shape: [2, 16], dtype: int64, high: 64}]
+        budgets: [0.5, PEAK]
+        solvers: [mincut, {name: cpsat, time_limit_s: 4}]
+        verify: {gradients: false, measure_memory: false}
+        output: {dir: out, formats: [json]}
+    """)
+    # a peak budget between the floor and save-all's peak that the peak solve does not settle
+    # within 4 s, so that the Ctrl-C lands inside it (found here, where torch is imported
+    # already, not in a process of its own; as the solver improves, budgets it settles fast move
+    # closer to the floor: halfway took 40 s+, then 1 s once the cut rows counted values made
+    # for later recomputations). The run's solve has the same 4 s limit: with 120 s its phases
+    # got more time each and the budget found here settled in 1.9 s, racing the Ctrl-C
+    (tmp_path / "run.yaml").write_text(config.replace("PEAK", "{peak: %d}" % _long_peak(tmp_path, config)))
 
     proc = _start(["-m", "opt_remat.cli", "run", "run.yaml"], tmp_path)
     _wait_for(proc, "[3/4]")  # the last pair, the long peak solve, has started

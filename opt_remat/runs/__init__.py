@@ -7,8 +7,9 @@ run: each plan's record, its step simulated once by ``curves``, its plan file wr
 ``plan_files``, its checks by ``verification``) -> ``results`` (typed records with their curves,
 results.json/csv, resume) -> ``run_data`` (the one loaded run the reports read) -> ``summary``,
 ``plots``, ``html_report`` (report.html: ``html_data`` -> ``html_figures``, ``html_page``). ``show``
-prints a plan file, ``progress`` is the live display. Capture and checks import torch; the reports
-need only the problem.
+prints a plan file, ``solve_files`` writes ``opt-remat solve``'s plan files, ``progress`` is the live
+display. Each pair is solved, lowered and verified through ``opt_remat.road``, the road the API takes.
+Importing this package imports torch (the solve settings are checked as the API's are).
 """
 
 from .config import BudgetSpec, Config, ConfigError, SolverSpec

@@ -11,14 +11,20 @@ which budgets and solvers to run, what to verify, and where to write the results
       loss: sum
     capture: {compiler: eager, decompositions: inductor, dtype: float32}
     device: h100
+    rng_replay: true            # as partitioner(rng_replay=...); count_input_bytes likewise
     budgets: [1.0, 0.5, "2MiB"]
-    solvers: [mincut, {name: cpsat, time_limit_s: 60, threads: 2}, greedy]
+    solvers: [default, mincut, {name: cpsat, time_limit_s: 60, threads: 2}, greedy]
     verify: {gradients: true, measure_memory: true}
     output: {dir: runs/gpt2, formats: [table, json, csv, plot, html], title: "GPT-2, 2 layers"}
 
 A key is declared once, in the models below, with its type and default; ``load_config``
 (``runs.config_rules``) checks the document against them and then what types cannot say (budgets,
-solver options as ``solvers.catalog`` declares them, the device, files, the factory). Every error is a ``ConfigError`` whose message is one line:
+solver options as ``solvers.catalog`` declares them, the device, files, the factory). The solve
+settings (budget, solver, options, device, costs, rng_replay, count_input_bytes) are checked by
+``opt_remat.request.make_request``, the function the API's ``partitioner()`` checks its own with.
+``default`` names the API's default path (no solver named). A solver entry serves every budget of
+the run: options of one kind of budget (``symmetry`` under saved bytes, ``gap`` under a peak) are
+used by the pairs of that kind and left out of the others. Every error is a ``ConfigError`` whose message is one line:
 ``FILE:LINE: FIELD: what was expected``. Relative paths (``model.graph``, ``output.dir``) are
 relative to the configuration file; values given with ``--set`` are relative to the working directory.
 """
@@ -173,6 +179,8 @@ class RunSpec(_Section):
                      Discriminator(lambda v: "graph" if isinstance(v, dict) and "graph" in v else "factory")]
     capture: CaptureSpec = CaptureSpec()
     costs: Literal["roofline", "profile"] = "roofline"  # the device profile's estimate, or timed here
+    rng_replay: bool = True  # random ops recomputable by replaying their RNG state (as partitioner())
+    count_input_bytes: bool = False  # graph inputs count as saved bytes (as partitioner())
     device: Annotated[Union[Annotated[DeviceSpec, Tag("mapping")],
                             Annotated[Literal["h100", "a100", "v100", "cpu"], Tag("name")]],
                       _by_kind("name", str)] = "h100"

@@ -20,8 +20,9 @@ from pydantic import ValidationError
 from solvers import catalog
 from solvers.budget import Fraction, parse_budget
 
-from ..options import describe, known_solvers
-from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec, SolverEntry
+from ..options import describe
+from ..request import DEFAULT_SOLVER, RequestError, make_request
+from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec
 from .yaml_lines import apply_override, load_yaml, parse_override
 
 _TAGS = {"graph", "factory", "mapping", "name", "value"}  # union tags that pydantic puts in locations
@@ -123,11 +124,6 @@ def check(cfg: Config, modes: Collection[str] | None = None) -> None:
     options must apply under one of ``modes`` (default: the modes of the config's budgets)."""
     _check_budgets(cfg)
     _check_solvers(cfg, run_modes(cfg) if modes is None else modes)
-    from ..costs import get_profile
-    try:
-        get_profile(cfg.device)
-    except (ValueError, TypeError) as exc:
-        raise cfg.error(("device",), str(exc)) from None
     capture = cfg.data.get("capture", {})  # as written: an explicit key contradicts, a default does not
     if capture.get("compiler") == "inductor" and capture.get("decompositions") == "none":
         raise cfg.error(("capture", "decompositions"), "expected inductor (or no key) with compiler: inductor, "
@@ -171,24 +167,31 @@ def run_modes(cfg: Config) -> list[str]:
 
 
 def _check_solvers(cfg: Config, modes: Collection[str]) -> None:
-    names = known_solvers()
-    for i, entry in enumerate(cfg.spec.solvers):
+    """Each solver entry as the API checks a partitioner's settings (``make_request``), its
+    options against the run's kinds of budget; the device and graph settings with them."""
+    names = [DEFAULT_SOLVER, *catalog.names()]
+    spec = cfg.spec
+    for i, entry in enumerate(spec.solvers):
         name = entry if isinstance(entry, str) else entry.name
         where = ("solvers", i) if isinstance(entry, str) else ("solvers", i, "name")
         if name not in names:
             raise cfg.error(where, f"unknown solver {name!r}; expected one of: {', '.join(names)}")
-        if isinstance(entry, SolverEntry):
-            for key, value in (entry.model_extra or {}).items():
-                try:
-                    catalog.check_options(name, {key: value}, modes)
-                except ValueError as exc:
-                    raise cfg.error(("solvers", i, key), str(exc)) from None
+        options = {} if isinstance(entry, str) else dict(entry.model_extra or {})
+        try:
+            make_request(None if name == DEFAULT_SOLVER else name, options=options, device=cfg.device,
+                         costs=spec.costs, rng_replay=spec.rng_replay, count_input_bytes=spec.count_input_bytes,
+                         option_modes=modes)
+        except RequestError as exc:
+            key = exc.field.removeprefix("options.")
+            path = {"device": ("device",), "solver": where}.get(exc.field, ("solvers", i, key) if
+                                                               exc.field.startswith("options.") else (exc.field,))
+            raise cfg.error(path, str(exc)) from None
     seen: dict[str, int] = {}
-    for spec in cfg.solvers:
-        if spec.label in seen:
-            raise cfg.error(("solvers", spec.index), f"solver {spec.label!r} is listed twice; give one "
-                                                     "of them a distinct 'label'")
-        seen[spec.label] = spec.index
+    for solver in cfg.solvers:
+        if solver.label in seen:
+            raise cfg.error(("solvers", solver.index), f"solver {solver.label!r} is listed twice; give one "
+                                                       "of them a distinct 'label'")
+        seen[solver.label] = solver.index
 
 
 def _check_graph(cfg: Config) -> None:

@@ -1,8 +1,10 @@
 """Solving a run's pairs: in this process, in a process pool, or on Ray.
 
-``solve_pair`` is pure Python on a ``Problem`` (picklable in and out), so it runs in worker
-processes; torch's own partitioner needs the captured FX graph and always runs here. ``solve_all``
-yields each pair's ``SolveResult`` as it finishes, in whichever executor.
+Each pair is a ``SolveRequest`` (``pair_request``: the run's settings with the pair's budget,
+solver and the options of its kind of budget), solved by ``opt_remat.road``: ``solve_pair`` calls
+its pure part on a ``Problem`` (picklable in and out), so it runs in worker processes; torch's own
+partitioner needs the captured FX graph and always runs here. ``solve_all`` yields each pair's
+``SolveResult`` as it finishes, in whichever executor.
 """
 
 from __future__ import annotations
@@ -10,18 +12,22 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import signal
+import sys
 import threading
 import time
 import traceback
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from solvers import Plan, Problem, catalog
 from solvers import progress as solver_progress
 
+from .. import road
 from ..plan_memory import GraphKey, graph_key
+from ..request import DEFAULT_SOLVER, RequestError, SolveRequest, make_request
+from ..solve import BudgetError, PeakBudgetError
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
 from .workload import Workload
@@ -64,45 +70,46 @@ def _keep_sigint() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
-def default_lam(work: Workload) -> float | None:
-    """The drop-in path's ``lam="auto"`` on this workload's device."""
-    from ..api import auto_lam
-    return None if getattr(work.profile, "bandwidth", None) is None else auto_lam(work.profile)
-
-
-def solve_pair(problem: Problem, solver: str, budget_bytes: int | None, options: dict[str, Any],
-               peak_budget: int | None = None, *, count_gradients: bool = True,
-               default_lam: float | None = None, memory: GraphKey | None = None) -> SolveResult:
-    """One (budget, solver) pair: a plan, or why there is none. Picklable in and out.
-    ``default_lam``: the default path's min-cut plan joins a peak solve's candidates; ``memory``:
-    the graph's key for plans remembered across solves (``opt_remat.plan_memory``)."""
-    from ..options import mode_of
-    from ..solve import choose_peak_plan, choose_plan
-
-    mode = mode_of(budget_bytes, peak_budget)
-    if not catalog.info(solver).supports(mode):
-        return SolveResult(status="skipped", error=f"{solver} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
+def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | None,
+                 options: dict[str, Any] | None = None) -> SolveRequest | SolveResult:
+    """The request of one (budget, solver) pair: the run's settings (``work.request``) with the
+    pair's budget, solver and the options of its kind of budget (a run's solver entry serves all its
+    budgets: options of another kind are its other pairs'); a skipped result if the solver cannot
+    solve under this kind of budget."""
+    name = solver if isinstance(solver, str) else solver.name
+    opts = dict(options if options is not None else ({} if isinstance(solver, str) else solver.options))
+    peak = None if budget is None else budget.peak
+    raw = None if budget is None else budget.saved_raw
+    mode = catalog.PEAK if peak is not None else (catalog.FREE if raw is None else catalog.SAVED)
+    if name != TORCH_SOLVER and not catalog.info(name).supports(mode):
+        return SolveResult(status="skipped", error=f"{name} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
                                                    f"that can: {', '.join(catalog.supporting(mode))})")
-    # a run's solver entry may hold options of its other budgets' mode: this pair does without them
-    left = catalog.not_applying(solver, options, mode)
-    options = {k: v for k, v in options.items() if k not in left}
+    if name == TORCH_SOLVER and peak is not None:
+        return SolveResult(status="skipped", error="torch's partitioner has no peak budget (its "
+                                                   "activation_memory_budget bounds saved bytes)")
+    opts = {k: v for k, v in opts.items() if k not in catalog.not_applying(name, opts, mode)}
+    base = work.request
+    try:
+        return make_request(None if name == DEFAULT_SOLVER else name, raw, peak_budget=peak,
+                            count_gradients=True if budget is None else budget.count_gradients, options=opts,
+                            device=base.profile, costs=base.costs, rng_replay=base.rng_replay,
+                            count_input_bytes=base.count_input_bytes)
+    except RequestError as exc:  # the config's checks refuse these first: a pair that slipped through
+        return SolveResult(status="error", error=str(exc))
+
+
+def solve_pair(problem: Problem, request: SolveRequest, budget_bytes: int | None, *,
+               must_save: frozenset[str] = frozenset(), memory: GraphKey | None = None) -> SolveResult:
+    """One pair, solved on its problem alone (``opt_remat.road.solve_problem``): a plan, or why
+    there is none. Picklable in and out. ``memory``: the graph's key for plans remembered across
+    solves (``opt_remat.plan_memory``)."""
     with _keep_sigint():
-        if peak_budget is not None:
-            result = _solve_recorded(lambda: choose_peak_plan(
-                problem, solver, peak_budget, budget_bytes, options, default_lam=default_lam,
-                count_gradients=count_gradients, memory=memory))
-        else:
-            result = _solve_recorded(lambda: choose_plan(problem, solver, budget_bytes, options))
-    if left:
-        result.warnings.insert(0, f"option(s) {', '.join(left)} of {solver} do not apply "
-                                  f"{catalog.MODE_WORDS[mode]}: this pair did without them")
-    return result
+        return _solve_recorded(lambda: road.solve_problem(problem, request, budget_bytes, must_save=must_save,
+                                                          memory=memory))
 
 
 def _solve_recorded(make_plan: Callable[[], Plan]) -> SolveResult:
     """Run one solve: its plan, or why there is none, with its wall time and warnings."""
-    from ..solve import BudgetError, PeakBudgetError
-
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -119,36 +126,25 @@ def _solve_recorded(make_plan: Callable[[], Plan]) -> SolveResult:
     return out
 
 
-def solve_torch_pair(work: Workload, budget_bytes: int | None, peak_budget: int | None = None) -> SolveResult:
-    """torch's own partitioner's choice on the captured graph (needs the FX graph: runs here)."""
-    if peak_budget is not None:
-        return SolveResult(status="skipped", error="torch's partitioner has no peak budget (its "
-                                                   "activation_memory_budget bounds saved bytes)")
-    from .. import torch_reference
-    from ..build import classify
-
-    fn = getattr(torch_reference, "torch_plan", None)
-    if fn is None:
-        return SolveResult(status="skipped", error="the torch baseline is not available in this install "
-                                                   "(opt_remat.torch_reference.torch_plan)")
+def solve_torch_pair(work: Workload, request: SolveRequest, budget_bytes: int | None) -> SolveResult:
+    """torch's own partitioner's choice on the captured graph (needs the FX graph: runs here), at
+    the fraction whose plan fits the budget's bytes."""
     prepared = work.prepared
     if prepared is None:
         return SolveResult(status="skipped", error="the torch baseline needs a captured torch model, not a graph file")
-
-    def make_plan() -> Plan:
-        joint = prepared.copy()
-        info = classify(joint.module, joint.num_fwd_outputs, joint.static_lifetime_input_indices)
-        return fn(joint.module, info, work.problem, budget_bytes)
-
-    with quiet_torch():
-        return _solve_recorded(make_plan)
+    # in bytes: the fraction that fits them is searched, as the run's other solvers meet the bytes
+    in_bytes = replace(request, budget=budget_bytes)
+    with quiet_torch():  # on a copy: torch's partitioner annotates the graph it is given
+        return _solve_recorded(lambda: road.plan_for(prepared.copy(), in_bytes).plan)
 
 
-def _solve_here(work: Workload, pair: Pair, lam: float | None) -> SolveResult:
-    if pair.solver.name == TORCH_SOLVER:
-        return solve_torch_pair(work, pair.budget_bytes, pair.budget.peak)
-    return solve_pair(work.problem, pair.solver.name, pair.budget_bytes, dict(pair.solver.options),
-                      pair.budget.peak, count_gradients=pair.budget.count_gradients, default_lam=lam,
+def _solve_here(work: Workload, pair: Pair) -> SolveResult:
+    request = pair_request(work, pair.solver, pair.budget)
+    if isinstance(request, SolveResult):
+        return request
+    if request.torch_baseline:
+        return solve_torch_pair(work, request, pair.budget_bytes)
+    return solve_pair(work.problem, request, pair.budget_bytes, must_save=work.must_save,
                       memory=memory_key(work, pair))
 
 
@@ -165,21 +161,21 @@ def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor:
               ) -> Iterator[tuple[Pair, SolveResult]]:
     """Each pair with its result, as they finish. ``on_start`` hears of each pair solved here as it
     starts, ``on_progress`` of its search's incumbent and bound (solves in this process only)."""
-    lam = default_lam(work)
-    pooled = [p for p in pairs if p.solver.name != TORCH_SOLVER] if jobs > 1 else []
+    requests = [(p, pair_request(work, p.solver, p.budget)) for p in pairs] if jobs > 1 else []
+    pooled = [(p, r) for p, r in requests if isinstance(r, SolveRequest) and not r.torch_baseline]
     if len(pooled) < 2:
         pooled = []
     pool = _executor(executor, jobs) if pooled else None
     try:
-        futures = {pool.submit(solve_pair, work.problem, p.solver.name, p.budget_bytes, dict(p.solver.options),
-                               p.budget.peak, count_gradients=p.budget.count_gradients, default_lam=lam,
+        futures = {pool.submit(solve_pair, work.problem, r, p.budget_bytes, must_save=work.must_save,
                                memory=memory_key(work, p)): p
-                   for p in pooled} if pool is not None else {}
+                   for p, r in pooled} if pool is not None else {}
+        in_pool = [p for p, _ in pooled]
         for pair in pairs:
-            if pair not in pooled:
+            if pair not in in_pool:
                 on_start(pair)
                 with solver_progress.reporting(on_progress) if on_progress is not None else nullcontext():
-                    result = _solve_here(work, pair, lam)
+                    result = _solve_here(work, pair)
                 yield pair, result
         if pool is not None:
             stream = pool.drain() if isinstance(pool, _RayPool) else cf.as_completed(futures)
@@ -244,17 +240,17 @@ def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
     """``opt-remat solve``: one plan for one graph, solver and budget (saved bytes and/or peak).
     ``warn`` hears the solve's warnings (default: printed on stderr)."""
     bytes_ = work.budget_bytes(spec) if spec is not None else None
-    peak = spec.peak if spec is not None else None
-    if solver == TORCH_SOLVER:
-        result = solve_torch_pair(work, bytes_, peak)
+    request = pair_request(work, solver, spec, options)
+    if isinstance(request, SolveResult):
+        result = request
+    elif request.torch_baseline:
+        result = solve_torch_pair(work, request, bytes_)
     else:
-        result = solve_pair(work.problem, solver, bytes_, dict(options or {}), peak_budget=peak,
-                            count_gradients=spec.count_gradients if spec is not None else True,
-                            default_lam=default_lam(work), memory=memory_key(work) if peak else None)
+        result = solve_pair(work.problem, request, bytes_, must_save=work.must_save,
+                            memory=memory_key(work) if request.peak_budget is not None else None)
     if result.plan is None:
         kind = SolveRefused if result.status in ("infeasible", "skipped") else RunError
         raise kind(result.error or result.status)
-    import sys
     for w in result.warnings:
         if warn is not None:
             warn(f"opt-remat: warning: {w}")

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from solvers.progress import Progress
 
-from ..report import format_seconds
+from ..report import search_text
 
 SHOW_SEARCH_AFTER_S = 2.0  # a search's incumbent and bound are shown once it has run this long
 TICK_S = 0.5  # how often the live bar redraws its clock
@@ -147,15 +147,6 @@ class Display:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def search_text(p: Progress) -> str:
-    """``phase P, best B, bound L, gap G`` of a search (the parts it has)."""
-    parts = [f"phase {p.phase}"] if getattr(p, "phase", "") else []
-    parts += [f"best {format_seconds(p.incumbent)}", f"bound {format_seconds(p.bound)}"]
-    if p.gap is not None:
-        parts.append(f"gap {p.gap:.1%}")
-    return ", ".join(parts)
 
 
 def _columns() -> int:

@@ -3,12 +3,15 @@ really hands to the backward, and a training step's loss and gradients against s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from solvers import Plan
 
 from ..formats.plan_file import graph_hash
+from .. import road
+from ..request import SolveRequest
+from ..verify import compare_steps, measured_saved_bytes, save_all_backend, training_step
 from .config import Config
 from .util import RunError, quiet_torch
 from .workload import Workload
@@ -16,40 +19,30 @@ from .workload import Workload
 
 def measure_plan(work: Workload, plan: Plan) -> int:
     """Bytes the forward really hands to the backward when the plan is lowered."""
-    from ..build import classify
-    from ..lower import lower_plan
-    from ..verify import measured_saved_bytes
-
     with quiet_torch():
-        joint = work.prepared.copy()
-        info = classify(joint.module, joint.num_fwd_outputs, joint.static_lifetime_input_indices)
-        fw, _ = lower_plan(joint.module, plan, num_fwd_outputs=joint.num_fwd_outputs,
-                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
-        return measured_saved_bytes(fw, joint.num_fwd_outputs)
+        prepared = work.prepared.copy()  # lowering edits the graph: the workload keeps its own
+        fw, _ = road.lower(prepared, plan)
+        return measured_saved_bytes(fw, prepared.num_fwd_outputs)
 
 
 class _PlanPartition:
     """A partition_fn that lowers one given plan (as it is, even one that breaks opt-remat's bans,
-    like torch's baseline recomputing random ops) on the graph it was solved for."""
+    like torch's baseline recomputing random ops) on the graph it was solved for, prepared as the
+    run prepared it (``work.request``)."""
 
-    def __init__(self, plan: Plan, expected_hash: str, profile: Any) -> None:
-        self.plan, self.expected_hash, self.profile = plan, expected_hash, profile
+    def __init__(self, plan: Plan, expected_hash: str, request: SolveRequest) -> None:
+        # costs do not change the graph (nor its hash): not timed again
+        self.plan, self.expected_hash, self.request = plan, expected_hash, replace(request, costs="roofline")
         self.calls = 0
 
     def __call__(self, joint_module: Any, joint_inputs: Any, *args: Any, num_fwd_outputs: int,
                  static_lifetime_input_indices: list[int] | None = None, **kwargs: Any) -> Any:
-        from ..build import build_problem, classify, prepare_joint
-        from ..lower import lower_plan
-
         self.calls += 1
-        joint_module = prepare_joint(joint_module)
-        info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
-        problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile, node_info=info)
-        if graph_hash(problem) != self.expected_hash:
-            raise RunError(f"the training step's graph (hash {graph_hash(problem)}) is not the captured one "
+        prepared = road.prepare(joint_module, num_fwd_outputs, static_lifetime_input_indices, self.request)
+        if graph_hash(prepared.problem) != self.expected_hash:
+            raise RunError(f"the training step's graph (hash {graph_hash(prepared.problem)}) is not the captured one "
                            f"({self.expected_hash})")
-        return lower_plan(joint_module, self.plan, num_fwd_outputs=num_fwd_outputs,
-                          static_lifetime_input_nodes=info.static_lifetime_input_nodes)
+        return road.lower(prepared, self.plan)
 
 
 @dataclass
@@ -69,7 +62,6 @@ def verify_gradients(cfg: Config, work: Workload, plan: Plan) -> StepCheck:
     import torch
 
     import opt_remat
-    from ..verify import compare_steps, save_all_backend, training_step
 
     with quiet_torch():
         if work.reference is None:
@@ -79,7 +71,7 @@ def verify_gradients(cfg: Config, work: Workload, plan: Plan) -> StepCheck:
                       else opt_remat.backend("save-all", compiler="inductor"))
             work.reference = training_step(work.model, work.inputs, ref_be, seed=cfg.seed, loss_fn=work.loss_fn)
         torch._dynamo.reset()
-        pfn = _PlanPartition(plan, work.graph_hash, work.profile)
+        pfn = _PlanPartition(plan, work.graph_hash, work.request)
         be = opt_remat.backend(compiler=cfg.compiler, decompositions=cfg.decompositions, partition_fn=pfn)  # type: ignore[arg-type]
         try:
             step = training_step(work.model, work.inputs, be, seed=cfg.seed, loss_fn=work.loss_fn)

@@ -15,20 +15,27 @@ from typing import Any, Callable
 from solvers import Problem
 
 from ..formats.plan_file import graph_hash, values_of_problem
+from .. import road
+from ..request import SolveRequest, make_request
+from ..solve import resolve_budget
 from .config import FLOAT_DTYPES, BudgetSpec, Config
 from .util import first_line, quiet_torch
 
 
 @dataclass
 class Workload:
-    """What one run solves: the problem, and for torch models the captured graph to verify with."""
+    """What one run solves: the problem, and for torch models the prepared graph
+    (``opt_remat.road.PreparedGraph``) to lower and verify plans on; ``request`` holds the run's
+    graph-level settings (device, costs, rng_replay, count_input_bytes), which each pair's request
+    extends with its budget, solver and options (``runs.execute.pair_request``)."""
     problem: Problem
     graph_hash: str
     profile: Any
+    request: SolveRequest
     model: Any = None  # torch.nn.Module
     inputs: tuple = ()
     loss_fn: Callable[[Any], Any] | None = None
-    prepared: Any = None  # JointGraph with the prepared (DCE/CSE'd) joint module
+    prepared: Any = None  # opt_remat.road.PreparedGraph (None for a graph file)
     top_anchor_bytes: int | None = None
     capture_s: float = 0.0
     reference: Any = None  # the save-all training step, computed on first use
@@ -36,10 +43,16 @@ class Workload:
     graph_id: str = ""  # canonical id of the graph: what a plan file is matched by
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def must_save(self) -> frozenset[str]:
+        """The MUST_SAVE values solves are steered by (``opt_remat.road.steered``)."""
+        return frozenset() if self.prepared is None else self.prepared.must_save
+
     def budget_bytes(self, spec: BudgetSpec) -> int | None:
-        from ..solve import resolve_budget
-        anchor = None if self.top_anchor_bytes is None else (lambda: self.top_anchor_bytes)
-        return resolve_budget(self.problem, spec.saved_raw, top_anchor=anchor)
+        """The saved bytes the budget allows on this graph, as the API resolves it."""
+        if self.prepared is None:
+            return resolve_budget(self.problem, spec.saved_raw)
+        return road.budget_bytes(self.prepared, self.request, spec.saved_raw)
 
 
 def make_loss(kind: str) -> Callable[[Any], Any]:
@@ -104,9 +117,8 @@ def materialize_all(cfg: Config) -> list[Workload]:
     """Build the model and inputs, check they fit, capture the training step (one graph per compiled
     region) and build each problem. Every failure that the configuration can fix is a ConfigError
     naming the field."""
-    from ..costs import get_profile
-
-    profile = get_profile(cfg.device)
+    request = graph_request(cfg)
+    profile = request.profile
     if cfg.is_graph:
         import importlib
         checkmate = importlib.import_module("opt_remat.formats.checkmate_graph")
@@ -114,12 +126,11 @@ def materialize_all(cfg: Config) -> list[Workload]:
             problem = checkmate.load_graph(cfg.graph_path)
         except Exception as exc:
             raise cfg.error(("model", "graph"), f"cannot load the graph: {first_line(exc)}") from None
-        return [Workload(problem, graph_hash(problem), profile, values=values_of_problem(problem),
+        return [Workload(problem, graph_hash(problem), profile, request, values=values_of_problem(problem),
                          graph_id=graph_hash(problem))]
 
     import torch
 
-    from ..canonical import canonical_values, graph_id
     from ..capture import capture_graphs
 
     factory = cfg.factory()
@@ -151,12 +162,13 @@ def materialize_all(cfg: Config) -> list[Workload]:
                                                   "step needs a backward")
         works = []
         for joint in graphs:
-            prepared, problem, top = _problem_of(joint, profile, cfg.spec.costs)
-            works.append(Workload(problem, graph_hash(problem), profile, model=model, inputs=inputs,
-                                  loss_fn=loss_fn, prepared=prepared, top_anchor_bytes=top,
-                                  values=canonical_values(prepared.module, prepared.input_roles),
-                                  graph_id=""))
-            works[-1].graph_id = graph_id(prepared.module, works[-1].values)
+            prepared = prepare_captured(joint, request)
+            if not prepared.has_backward:
+                raise cfg.error(("model", "factory"), "a compiled region of the step has no backward to partition")
+            values, gid = prepared.canonical()
+            works.append(Workload(prepared.problem, graph_hash(prepared.problem), profile, request, model=model,
+                                  inputs=inputs, loss_fn=loss_fn, prepared=prepared,
+                                  top_anchor_bytes=prepared.top_anchor(), values=values, graph_id=gid))
     capture_s = time.perf_counter() - start
     for w in works:
         w.capture_s = capture_s
@@ -201,14 +213,16 @@ def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any
     return model
 
 
-def _problem_of(joint: Any, profile: Any, costs: str = "roofline") -> tuple[Any, Problem, int]:
-    """The prepared joint graph, its problem, and the saved bytes of torch's default min-cut on it
-    (the top anchor of fractional budgets)."""
-    from ..build import classify, problem_from_joint
-    from ..torch_reference import torch_runtime_optimized_saved
+def graph_request(cfg: Config) -> SolveRequest:
+    """The run's graph-level settings as a request (checked by ``runs.config_rules``)."""
+    spec = cfg.spec
+    return make_request(device=cfg.device, costs=spec.costs, rng_replay=spec.rng_replay,
+                        count_input_bytes=spec.count_input_bytes)
 
-    prepared, problem = problem_from_joint(joint, device=profile, costs=costs)
-    anchor = prepared.copy()  # torch's partitioner annotates the graph it is given
-    anchor_info = classify(anchor.module, anchor.num_fwd_outputs, anchor.static_lifetime_input_indices)
-    top = problem.saved_bytes(torch_runtime_optimized_saved(anchor.module, anchor_info))
-    return prepared, problem, top
+
+def prepare_captured(joint: Any, request: SolveRequest) -> Any:
+    """A captured ``JointGraph`` prepared on a copy (the capture stays as it was), its problem
+    built: ``opt_remat.road.prepare``."""
+    graph = joint.copy()
+    return road.prepare(graph.module, graph.num_fwd_outputs, graph.static_lifetime_input_indices, request,
+                        input_roles=graph.input_roles)

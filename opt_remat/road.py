@@ -1,0 +1,250 @@
+"""One road from a joint graph to a plan and its graphs: prepare -> build -> solve -> lower.
+
+Every caller goes this way: the API's partitioner (``api.Partitioner``), ``opt-remat run`` and
+``solve`` (``runs.workload``, ``runs.execute``) and verification (``runs.verification``).
+
+* ``prepare`` turns AOTAutograd's joint graph and a ``SolveRequest`` into a ``PreparedGraph``: the
+  cleaned-up graph, torch's ``NodeInfo``, the ``Problem``, and what is computed only when asked
+  (the top anchor of fractional budgets, canonical values).
+* ``plan_for`` turns a prepared graph and a request into a ``Plan``: a plan file's plan, torch's
+  baseline, or a solve (``solve_problem``, the pure part, which a run's worker processes call on a
+  pickled ``Problem``: MUST_SAVE steering, the options of the budget's mode, the default path).
+* ``lower`` makes the forward and backward graphs of a plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch._functorch import partitioners as tp
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from solvers import Plan, Problem, catalog
+from solvers import progress as solver_progress
+from solvers.budget import Fraction, format_bytes, parse_budget
+
+from . import plan_memory
+from .build import build_problem
+from .canonical import canonical_values, graph_id
+from .lower import lower_plan
+from .options import default_solver_options, mode_of, options_in_mode
+from .plans import match_plan
+from .prepare import classify, prepare_joint
+from .report import format_seconds, search_text
+from .request import SolveRequest, auto_lam
+from .solve import choose_default_plan, choose_peak_plan, choose_plan, resolve_budget
+from .tags import must_save_values, realized_plan, require_must_saves
+from .torch_budget import (
+    GLOBAL_SETTING,
+    REGION_SETTING,
+    torch_budget,
+    torch_budget_is_set,
+)
+from .torch_reference import torch_plan, torch_runtime_optimized_saved
+
+log = logging.getLogger("opt_remat")
+
+Canonical = tuple[list[dict[str, Any]], str]
+
+
+@dataclass(eq=False)
+class PreparedGraph:
+    """A joint graph after ``prepare_joint`` with what is read off it. ``problem`` is None when the
+    graph has no backward to partition (torch's save-all handles it)."""
+    module: fx.GraphModule
+    num_fwd_outputs: int
+    static_lifetime_input_indices: list[int] | None
+    info: tp.NodeInfo
+    problem_or_none: Problem | None
+    input_roles: list[str] | None = None  # per primal: "param NAME", "buffer NAME" or "input NAME"
+    must_save: frozenset[str] = frozenset()  # MUST_SAVE-tagged values (the solve's steering)
+    _top: int | None = field(default=None, repr=False)
+    _canonical: Canonical | None = field(default=None, repr=False)
+
+    @property
+    def problem(self) -> Problem:
+        if self.problem_or_none is None:
+            raise ValueError("opt-remat internal error: a graph without a backward has no problem to solve")
+        return self.problem_or_none
+
+    @property
+    def has_backward(self) -> bool:
+        return self.problem_or_none is not None
+
+    def top_anchor(self) -> int:
+        """Saved bytes of torch's default min-cut on this graph: the top of fractional budgets
+        (computed on first use; it annotates the graph, as torch's partitioner does)."""
+        if self._top is None:
+            self._top = self.problem.saved_bytes(torch_runtime_optimized_saved(self.module, self.info))
+        return self._top
+
+    def canonical(self) -> Canonical:
+        """The graph's canonical values and id (``opt_remat.canonical``), computed on first use."""
+        if self._canonical is None:
+            self._canonical = _canonical_of(self.module, self.input_roles)
+        return self._canonical
+
+    def canonical_later(self) -> Canonical | Callable[[], Canonical]:
+        """The canonical values and id if computed, else how to compute them (a partial over the
+        graph alone, which deep-copies as inductor's config copies the partitioner)."""
+        if self._canonical is not None:
+            return self._canonical
+        return functools.partial(_canonical_of, self.module, self.input_roles)
+
+    def copy(self) -> PreparedGraph:
+        """A deep copy of the graph (lowering and torch's partitioner edit the graph they get),
+        sharing the problem and what was computed."""
+        with unset_fake_temporarily():  # a real constant tensor cannot be copied under a fake mode
+            module = copy.deepcopy(self.module)
+        static = list(self.static_lifetime_input_indices or [])
+        return PreparedGraph(module, self.num_fwd_outputs, static, classify(module, self.num_fwd_outputs, static),
+                             self.problem_or_none, self.input_roles, self.must_save, self._top, self._canonical)
+
+
+def _canonical_of(module: fx.GraphModule, roles: list[str] | None) -> Canonical:
+    values = canonical_values(module, roles)
+    return values, graph_id(module, values)
+
+
+def prepare(joint_module: fx.GraphModule, num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None,
+            request: SolveRequest, *, input_roles: list[str] | None = None) -> PreparedGraph:
+    """``joint_module`` (edited in place) prepared as torch's partitioner prepares it, classified,
+    and its problem built with the request's device, costs and input-bytes rule."""
+    module = prepare_joint(joint_module, rng_replay=request.replays_rng)
+    info = classify(module, num_fwd_outputs, static_lifetime_input_indices)
+    problem = None
+    if len(info.required_bw_nodes) > 0:
+        problem = build_problem(module, num_fwd_outputs=num_fwd_outputs, device=request.profile,
+                                costs=request.costs, count_input_bytes=request.count_input_bytes, node_info=info)
+    return PreparedGraph(module, num_fwd_outputs, static_lifetime_input_indices, info, problem, input_roles,
+                         frozenset(must_save_values(module)))
+
+
+def budget_in_force(prepared: PreparedGraph, request: SolveRequest) -> tuple[int | float | str | None, str]:
+    """The request's budget if it has one, else torch's settings' (``torch_budget``); with a note
+    when the request's budget overrides torch's settings (else "")."""
+    if request.budget is not None:
+        note = ""
+        if torch_budget_is_set(prepared.module):
+            note = (f"opt-remat: budget={request.budget!r} was given, so torch's memory budget settings "
+                    f"({GLOBAL_SETTING}, {REGION_SETTING}) are ignored")
+        return request.budget, note
+    found = torch_budget(prepared.module, prepared.info)
+    return (None if found is None else found.fraction), ""
+
+
+def steered(problem: Problem, must_save: frozenset[str]) -> Problem:
+    """The problem solvers get: MUST_SAVE values are spent bytes to them (``tags.require_must_saves``)."""
+    return require_must_saves(problem, must_save) if must_save else problem
+
+
+def budget_bytes(prepared: PreparedGraph, request: SolveRequest, requested: Any) -> int | None:
+    """The saved bytes ``requested`` allows on this graph (a fraction between the inputs-only plan
+    and torch's default min-cut), on the problem the request is solved on."""
+    problem = prepared.problem
+    if not (request.torch_baseline or request.plan_data is not None):
+        problem = steered(problem, prepared.must_save)
+    return resolve_budget(problem, requested, top_anchor=prepared.top_anchor)
+
+
+@dataclass(frozen=True)
+class Solved:
+    plan: Plan
+    budget_bytes: int | None
+
+
+def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = None, *,
+             settings: Mapping[str, Any] | None = None, verbose: bool = False) -> Solved:
+    """The plan for a prepared graph: the request's plan file matched to it, torch's baseline, or
+    a solve. ``requested``: the budget in force (``budget_in_force``; default the request's)."""
+    requested = request.budget if requested is None else requested
+    budget = budget_bytes(prepared, request, requested)
+    if request.plan_data is not None:
+        return Solved(match_plan(request.plan_data, prepared.module, prepared.input_roles, prepared.problem,
+                                 settings=settings, source=f"plan file {request.plan_path}"), budget)
+    if request.torch_baseline:
+        parsed = parse_budget(requested)
+        fraction = float(parsed) if isinstance(parsed, Fraction) else None
+        prepared.canonical()  # before torch's partitioner edits the graph
+        return Solved(torch_plan(prepared.module, prepared.info, prepared.problem, budget, fraction=fraction),
+                      budget)
+    memory = None
+    if request.peak_budget is not None and plan_memory.enabled():
+        memory = plan_memory.graph_key(*prepared.canonical())  # plans of earlier solves of this graph
+    with solve_lines(verbose, request, requested) as done:
+        plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory))
+    return Solved(plan, budget)
+
+
+def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *,
+                  must_save: frozenset[str] = frozenset(), memory: plan_memory.GraphKey | None = None) -> Plan:
+    """The solve on a problem alone (picklable in and out: a run's workers call it): the options
+    of the budget's mode, MUST_SAVE steering, and the peak, default or named solver's plan, read
+    back on ``problem``. Options of another mode (allowed where torch's settings decide the
+    budget) are left out with a warning."""
+    mode = mode_of(budget, request.peak_budget)
+    opts = options_in_mode(request.solver, request.options, mode)
+    if request.solver in ("mincut", None) and mode == catalog.FREE:
+        lam = opts.get("lam", "auto")
+        opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
+    steer = steered(problem, must_save)
+    if request.peak_budget is not None:
+        plan = choose_peak_plan(steer, request.solver or "mincut", request.peak_budget, budget, opts,
+                                default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
+                                memory=memory)
+    elif request.solver is None:
+        split = default_solver_options(opts, mode)
+        plan = choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
+    else:
+        plan = choose_plan(steer, request.solver, budget, opts)
+    return realized_plan(problem, plan)
+
+
+def lower(prepared: PreparedGraph, plan: Plan, request: SolveRequest | None = None,
+          joint_inputs: Any = None) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """The forward and backward graphs of ``plan`` (the graph is edited: lower a ``copy()`` to
+    keep it). torch's baseline through the API (``request.torch_baseline``) is lowered by torch's
+    own partitioner at the fraction it chose."""
+    if request is not None and request.torch_baseline:
+        with functorch_config.patch(activation_memory_budget=plan.extra["torch_fraction"]):
+            return tp.min_cut_rematerialization_partition(
+                prepared.module, joint_inputs, num_fwd_outputs=prepared.num_fwd_outputs,
+                static_lifetime_input_indices=prepared.static_lifetime_input_indices)
+    return lower_plan(prepared.module, plan, num_fwd_outputs=prepared.num_fwd_outputs,
+                      static_lifetime_input_nodes=prepared.info.static_lifetime_input_nodes)
+
+
+@contextlib.contextmanager
+def solve_lines(verbose: bool, request: SolveRequest, budget: Any) -> Iterator[Callable[[Plan], Plan]]:
+    """With ``verbose``: a solve's progress (phase, best cost, bound, gap) as lines on stderr, a
+    line per change, then the plan found; yields what hands the plan over."""
+    if not verbose:
+        yield lambda plan: plan
+        return
+    what = (f"{request.solver or 'default'}" + (f" budget {budget}" if budget is not None else "")
+            + (f" peak {format_bytes(request.peak_budget)}" if request.peak_budget is not None else ""))
+    print(f"opt-remat: solving {what}", file=sys.stderr, flush=True)
+    last = [""]
+
+    def line(progress: solver_progress.Progress) -> None:
+        text = search_text(progress)
+        if text != last[0]:
+            last[0] = text
+            print(f"opt-remat: solving {what}: {text}", file=sys.stderr, flush=True)
+
+    def done(plan: Plan) -> Plan:
+        print(f"opt-remat: {what}: plan by {plan.solver}, {plan.status.value}, recompute "
+              f"{format_seconds(plan.recompute_cost)}, saved {format_bytes(plan.saved_bytes)}, "
+              f"{plan.solve_time_s:.1f} s", file=sys.stderr, flush=True)
+        return plan
+
+    with solver_progress.reporting(line):
+        yield done
