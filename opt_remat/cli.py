@@ -144,7 +144,6 @@ def _run(args: argparse.Namespace) -> int:
 # ---- solve -----------------------------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
     from .options import known_solvers
-    from .request import DEFAULT_SOLVER
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.plan_files import apply_hint
     from .runs.solve_files import solve_to_files
@@ -166,9 +165,9 @@ def _solve(args: argparse.Namespace) -> int:
             name, options = spec.name, dict(spec.options)
             if spec.label == args.solver:
                 break
-    if name not in (DEFAULT_SOLVER, *known_solvers()):
+    if name not in known_solvers():
         raise UsageError(f"--solver: unknown solver {args.solver!r}; expected one of: "
-                         f"{', '.join([DEFAULT_SOLVER, *known_solvers()])} or a label from the config")
+                         f"{', '.join(known_solvers())} or a label from the config")
     out = Path(args.output)
     if out.exists() and out.is_dir():
         raise UsageError(f"-o: {out} is a folder; expected a file name such as plan.json")

@@ -21,7 +21,7 @@ from .options import TORCH_SOLVER, check_solver_options, possible_modes
 
 COSTS = ("roofline", "profile")
 # a run config's name for "no solver named" (the API's solver=None): the default path
-DEFAULT_SOLVER = "default"
+DEFAULT_SOLVER = catalog.DEFAULT  # the fast default under a peak budget, HiGHS from min-cut under bytes
 
 # lam="auto": a second of recompute is worth 10% of the bytes the device moves in a second, so that
 # bandwidth-bound ops (pointwise, views) are recomputed and compute-bound ones (matmuls) are saved
@@ -95,6 +95,8 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
         profile = get_profile(device)
     except (ValueError, TypeError, KeyError) as exc:
         raise RequestError("device", str(exc)) from None
+    if solver == DEFAULT_SOLVER:  # the catalog's name for what no name asks for
+        solver = None
     opts = dict(options or {})
     _check_options(solver, opts, possible_modes(budget, peak) if option_modes is None else option_modes)
     if peak is not None and plan is None and solver not in (None, *catalog.supporting(catalog.PEAK)):

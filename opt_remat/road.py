@@ -192,12 +192,12 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     budget) are left out with a warning."""
     mode = mode_of(budget, request.peak_budget)
     opts = options_in_mode(request.solver, request.options, mode)
-    if request.solver in ("mincut", None) and mode == catalog.FREE:
+    if request.solver in ("mincut", None) and mode == catalog.FREE:  # the default path is min-cut here
         lam = opts.get("lam", "auto")
         opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
     steer = steered(problem, must_save)
     if request.peak_budget is not None:
-        plan = choose_peak_plan(steer, request.solver or "mincut", request.peak_budget, budget, opts,
+        plan = choose_peak_plan(steer, request.solver, request.peak_budget, budget, opts,
                                 default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
                                 memory=memory)
     elif request.solver is None:

@@ -169,7 +169,7 @@ def run_modes(cfg: Config) -> list[str]:
 def _check_solvers(cfg: Config, modes: Collection[str]) -> None:
     """Each solver entry as the API checks a partitioner's settings (``make_request``), its
     options against the run's kinds of budget; the device and graph settings with them."""
-    names = [DEFAULT_SOLVER, *catalog.names()]
+    names = catalog.names()
     spec = cfg.spec
     for i, entry in enumerate(spec.solvers):
         name = entry if isinstance(entry, str) else entry.name
