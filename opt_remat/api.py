@@ -29,6 +29,7 @@ from .canonical import canonical_values, graph_id, input_roles
 from .costs import DeviceProfile, get_profile
 from .errors import catchable
 from .lower import lower_plan
+from .offload import must_offload_values, with_offloads
 from .options import (TORCH_SOLVER, check_solver_options, default_solver_options, mode_of, options_in_mode,
                       possible_modes)
 from .report import format_seconds
@@ -121,6 +122,7 @@ class Partitioner:
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
+    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -156,6 +158,7 @@ class Partitioner:
             "device": dataclasses.asdict(self.profile), "count_input_bytes": self.count_input_bytes,
             "plan": hashlib.sha256(plan_text).hexdigest(), "settings": self.settings,
             "count_gradients": self.count_gradients, "rng_replay": self.rng_replay, "costs": self.costs,
+            "offload": self.offload,
             "code": code_fingerprint(),
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
@@ -206,7 +209,7 @@ class Partitioner:
                               source=f"plan file {self.plan}")
         else:
             # MUST_SAVE values are spent bytes to the solver; the plan is then read on the problem
-            steer = require_must_saves(problem, must_save_values(joint_module))
+            steer = require_must_saves(problem, must_save_values(joint_module) + must_offload_values(joint_module))
             budget = resolve_budget(steer, requested, top_anchor=lambda: steer.saved_bytes(
                 torch_runtime_optimized_saved(joint_module, info)))
             memory = None
@@ -217,7 +220,8 @@ class Partitioner:
             with _solve_lines(self.verbose, self.solver, requested, self._peak_bytes) as done:
                 plan = done(self._solve(steer, budget, requested, memory))
             plan = realized_plan(problem, plan)
-        fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
+        plan = with_offloads(problem, plan, joint_module, offload=self.offload, extra=plan.offloaded)
+        fw_module, bw_module = lower_plan(joint_module, plan, num_fwd_outputs=num_fwd_outputs, problem=problem,
                                           static_lifetime_input_nodes=info.static_lifetime_input_nodes)
         self.history.append(PartitionRecord(problem, plan, budget, fw_module, bw_module, num_fwd_outputs,
                                             time.perf_counter() - start, canonical))
@@ -312,7 +316,7 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
                 rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
-                **options: Any) -> Partitioner:
+                offload: bool = False, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -334,14 +338,16 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     saves for them (its bytes count like any saved value); False never recomputes them.
     ``costs="profile"``: recompute costs timed on the device the graph runs on (cached on disk)
     instead of the roofline estimate of ``device``. ``verbose``: each solve's phase, best cost,
-    bound and gap on stderr as they change, then the plan found.
+    bound and gap on stderr as they change, then the plan found. Offload (``opt_remat.offload``):
+    MUST_CPU_OFFLOAD values are saved and offloaded, ``should_offload`` marks too with torch's
+    ``enable_activation_offloading``; ``offload=True`` offloads PREFER_CPU_OFFLOAD values as well.
     Which solvers exist, the budgets each meets and the options each takes: ``solvers.catalog``;
     an option the solver does not take (under the budgets given) is an error naming those it does.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
                        count_gradients=count_gradients, rng_replay=rng_replay, costs=costs,
-                       verbose=verbose)
+                       verbose=verbose, offload=offload)
 
 
 def _decompositions(name: str | Mapping | None) -> Mapping:

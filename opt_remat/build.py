@@ -26,6 +26,7 @@ from solvers import Node, Problem, Role
 
 from .canonical import clean_source
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+from .offload import offload_ban, offload_request
 from .prepare import classify, prepare_joint
 from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
@@ -63,6 +64,8 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     tag = node.meta.get("recompute")
     if tag in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
         return f"tagged {tag.name}"
+    if (asked := offload_request(node)) is not None:
+        return asked  # saved, to be offloaded: never recomputed
     seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
     if target is rng_state_capture:
         return "RNG state (saved to replay a random op)"
@@ -166,7 +169,7 @@ class _Storages:
 
 def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Mapping[str, str],
           op_types: tp.OpTypes, impure: Callable[[fx.Node], bool], tagged_recompute: set[str],
-          ban_reasons: dict[str, str], profile: DeviceProfile) -> Node:
+          ban_reasons: dict[str, str], profile: DeviceProfile, fwd_outputs: set[fx.Node]) -> Node:
     """One value of the problem: sizes, bans (reasons into ``ban_reasons``), cost, module."""
     nbytes, storage, saveable = storages.size(node, val, role)
     extra_inputs: tuple[str, ...] = ()
@@ -190,7 +193,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
         if must_recompute and storage is None:
             tagged_recompute.add(node.name)
     cost = 0.0
-    if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
+    if node.op == "call_function":  # a backward op's time: what offload's transfers hide behind
         view_like = storage is not None or node.target is operator.getitem
         cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
     stack = module_stack(node)
@@ -209,6 +212,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
         op=(("rng_state" if node.target is rng_state_capture else str(node.target))
             if node.op == "call_function" else node.op),
         module=stack[-1][0] if stack else "",
+        offload_ban=offload_ban(node, role, storage, forward_outputs=fwd_outputs, op_types=op_types),
     )
 
 
@@ -251,7 +255,7 @@ def build_problem(
         if role is not Role.BACKWARD and (node in info.required_bw_nodes or node in bwd_out_nodes):
             required.add(node.name)
         made = _node(node, _meta_val(node), role, storages, state_of, op_types, impure,
-                     tagged_recompute, ban_reasons, profile)
+                     tagged_recompute, ban_reasons, profile, fwd_out_nodes)
         nodes.append(made)
         module_classes.update(module_stack(node))
         if (costs == "profile" and node.op == "call_function" and role in (Role.FORWARD, Role.EITHER)
