@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import fx
@@ -31,7 +32,9 @@ from torch.utils._ordered_set import OrderedSet
 from torch.utils.checkpoint import CheckpointPolicy
 
 from solvers import Plan, Problem, Role
-from solvers.offload import offload_errors
+from solvers.offload import HostLink, offload_errors
+
+from .costs import DeviceProfile, get_profile
 
 MARK = "should_offload"  # torch's mark on a forward node to offload
 OFFLOAD_TAGS = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
@@ -71,6 +74,16 @@ def offload_ban(node: fx.Node, role: Role, storage: str | None, *, forward_outpu
     if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace not in ("aten", "prims"):
         return "not an aten op"
     return ""
+
+
+def host_link(device: str | DeviceProfile | Mapping[str, Any], *, host_bytes: int | None = None,
+              min_bytes: int = 1 << 20) -> HostLink:
+    """The offload model's link for a device profile (its ``host_bandwidth`` both ways)."""
+    profile = get_profile(device)
+    if profile.host_bandwidth <= 0:
+        raise ValueError(f"device profile {profile.name!r} has no host_bandwidth: give one in bytes/s "
+                         "(e.g. {'peak_flops': ..., 'bandwidth': ..., 'host_bandwidth': 25e9})")
+    return HostLink(profile.host_bandwidth, profile.host_bandwidth, host_bytes, min_bytes)
 
 
 def must_offload_values(joint_module: fx.GraphModule) -> list[str]:

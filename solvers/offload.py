@@ -97,7 +97,7 @@ def offload_candidates(problem: Problem, link: HostLink) -> list[str]:
 
 def host_bytes(problem: Problem, offloaded: Iterable[str]) -> int:
     size = problem.storage_size
-    return sum(size[problem.by_name[v].storage_id] for v in set(offloaded))
+    return sum(size[g] for g in {problem.by_name[v].storage_id for v in offloaded})
 
 
 @dataclass(frozen=True)
