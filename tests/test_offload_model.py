@@ -116,3 +116,20 @@ def test_device_profiles_carry_the_link():
     assert host_link({"peak_flops": 1e12, "bandwidth": 1e11, "host_bandwidth": 7e9}, host_bytes=5).host_bytes == 5
     with pytest.raises(ValueError, match="no host_bandwidth"):
         host_link({"peak_flops": 1e12, "bandwidth": 1e11})
+
+
+def test_plan_files_keep_the_offloaded_values():
+    from solvers import plan_from_saved
+    from solvers.plans_io import apply_plan, graph_entry, values_of_problem
+    problem = _problem()
+    plan = plan_from_saved(problem, SAVED, solver="test", status=Status.HEURISTIC)
+    values = values_of_problem(problem)
+    assert "offloaded" not in graph_entry(problem, plan, values, "g")
+    entry = graph_entry(problem, _with(plan, {"b", "a"}), values, "g")
+    assert entry["offloaded"] == ["a", "b"]
+    assert apply_plan(entry, problem, values).offloaded == {"a", "b"}
+
+
+def _with(plan, offloaded):
+    from dataclasses import replace
+    return replace(plan, offloaded=frozenset(offloaded))
