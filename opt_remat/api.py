@@ -191,7 +191,7 @@ class Partitioner:
             return tp.default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static_lifetime_input_indices)
         problem = build_problem(joint_module, num_fwd_outputs=num_fwd_outputs, device=self.profile,
-                                costs=self.costs,
+                                costs=self.costs, backward_costs=self.offload,
                                 count_input_bytes=self.count_input_bytes, node_info=info)
         requested = self._budget_in_force(joint_module, info)
         if self.solver == TORCH_SOLVER and self._plan_data is None:

@@ -169,7 +169,8 @@ class _Storages:
 
 def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Mapping[str, str],
           op_types: tp.OpTypes, impure: Callable[[fx.Node], bool], tagged_recompute: set[str],
-          ban_reasons: dict[str, str], profile: DeviceProfile, fwd_outputs: set[fx.Node]) -> Node:
+          ban_reasons: dict[str, str], profile: DeviceProfile, fwd_outputs: set[fx.Node],
+          backward_costs: bool) -> Node:
     """One value of the problem: sizes, bans (reasons into ``ban_reasons``), cost, module."""
     nbytes, storage, saveable = storages.size(node, val, role)
     extra_inputs: tuple[str, ...] = ()
@@ -193,7 +194,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
         if must_recompute and storage is None:
             tagged_recompute.add(node.name)
     cost = 0.0
-    if node.op == "call_function":  # a backward op's time: what offload's transfers hide behind
+    if node.op == "call_function" and (backward_costs or role in (Role.FORWARD, Role.EITHER)):
         view_like = storage is not None or node.target is operator.getitem
         cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
     stack = module_stack(node)
@@ -225,10 +226,13 @@ def build_problem(
     count_input_bytes: bool = False,
     node_info: tp.NodeInfo | None = None,
     costs: str = "roofline",
+    backward_costs: bool = False,
 ) -> Problem:
     """The save/recompute problem of a (prepared) joint graph; node names are the FX names.
     ``costs``: "roofline" (estimated from flops and bytes on ``device``'s profile) or "profile"
-    (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``)."""
+    (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``).
+    ``backward_costs``: backward values get their roofline time too (what offload's transfers hide
+    behind, ``solvers.offload``; ~15% of the build, so only when asked)."""
     if costs not in ("roofline", "profile"):
         raise ValueError(f"costs must be 'roofline' or 'profile', got {costs!r}")
     profile = get_profile(device)
@@ -255,7 +259,7 @@ def build_problem(
         if role is not Role.BACKWARD and (node in info.required_bw_nodes or node in bwd_out_nodes):
             required.add(node.name)
         made = _node(node, _meta_val(node), role, storages, state_of, op_types, impure,
-                     tagged_recompute, ban_reasons, profile, fwd_out_nodes)
+                     tagged_recompute, ban_reasons, profile, fwd_out_nodes, backward_costs)
         nodes.append(made)
         module_classes.update(module_stack(node))
         if (costs == "profile" and node.op == "call_function" and role in (Role.FORWARD, Role.EITHER)

@@ -11,7 +11,9 @@ The model (the lowering is torch's pass, ``opt_remat.offload``):
   one at a time, each as late as it can end by that use, none starting before the backward does;
   the part of a copy that cannot be hidden so is exposed. The device holds the value again from
   the start of its H2D copy (the buffer is allocated then) to its last use, as for a saved value;
-* compute time is the problem's per-node costs (``Node.cost``) in the simulator's order;
+* compute time is the problem's per-node costs (``Node.cost``) in the simulator's order (backward
+  values have theirs where the problem was built with them, ``build_problem(backward_costs=True)``;
+  without, only recomputation hides reloads);
 * host memory holds every offloaded value from the end of the forward to its reload: the cap
   (``HostLink.host_bytes``) bounds their sum; values under ``HostLink.min_bytes`` are not
   candidates (their copies are too small to use the link's bandwidth).

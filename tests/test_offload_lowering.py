@@ -17,11 +17,14 @@ from torch.utils.checkpoint import (
 )
 
 import opt_remat
+from opt_remat.build import build_problem, problem_from_joint
+from opt_remat.capture import capture
 from opt_remat.models import example_inputs, gpt2
-from opt_remat.offload import offload_ops, offloaded_values
+from opt_remat.offload import host_link, offload_ops, offloaded_values
 from opt_remat.verify import compare_steps, training_step
-from solvers import check_plan
-from solvers.offload import offload_errors
+from solvers import Status, check_plan, plan_from_saved
+from solvers.liveness import simulate_plan
+from solvers.offload import offload_candidates, offload_errors, offloaded_curve
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
 
@@ -221,3 +224,21 @@ def test_offload_bans_follow_torchs_pass():
 def test_partitioner_accepts_offload():
     assert opt_remat.partitioner(offload=True).offload is True
     assert opt_remat.partitioner().uuid() != opt_remat.partitioner(offload=True).uuid()
+
+
+def test_backward_times_on_request_and_the_model_on_a_real_plan():
+    model, inputs = _gpt()
+    joint = capture(lambda: model, inputs)
+    prepared, problem = problem_from_joint(joint)
+    backward = [n for n in problem.nodes if n.role.value == "backward" and n.op.startswith("aten.mm")]
+    assert backward and all(n.cost == 0.0 for n in backward)  # off by default: the build stays as fast
+    timed = build_problem(prepared.module, num_fwd_outputs=prepared.num_fwd_outputs, backward_costs=True)
+    assert all(timed.by_name[n.name].cost > 0 for n in backward)
+    saved = {n.name for n in timed.candidates if timed.can_save(n.name)} & timed.backward_reads
+    plan = plan_from_saved(timed, saved, solver="test", status=Status.HEURISTIC)
+    link = host_link("h100", min_bytes=1)
+    chosen = set(offload_candidates(timed, link)) & plan.saved
+    assert chosen
+    curve, tl = offloaded_curve(timed, plan.saved, chosen, link)
+    assert curve.peak <= simulate_plan(timed, plan.saved).peak
+    assert tl.host_bytes == sum(timed.storage_size[v] for v in chosen) and tl.exposed_s >= 0

@@ -6,8 +6,15 @@ import pytest
 
 from solvers import Node, Plan, Problem, Role, Status
 from solvers.liveness import simulate_plan
-from solvers.offload import (HostLink, host_bytes, link_for, offload_candidates, offload_errors,
-                             offload_timeline, offloaded_curve)
+from solvers.offload import (
+    HostLink,
+    host_bytes,
+    link_for,
+    offload_candidates,
+    offload_errors,
+    offload_timeline,
+    offloaded_curve,
+)
 
 F, B, I = Role.FORWARD, Role.BACKWARD, Role.INPUT
 
