@@ -118,25 +118,26 @@ def test_gpt_with_dropout_offloaded_plan_trains_as_without(compiler):
     assert check.ok and (check.bitwise if compiler == "eager" else check.max_rel_error <= 1e-6), check
 
 
-def _marked_partition(inner):
-    """A partition_fn that marks the joint graph's relu ``should_offload`` (as a graph pass would)
-    before ``inner`` partitions it."""
+def _marked_partition(inner, ops=(torch.ops.aten.relu.default,)):
+    """A partition_fn that marks the joint graph's ``ops`` ``should_offload`` (as a graph pass
+    would) before ``inner`` partitions it."""
     def partition(joint, inputs, **kw):
         for n in joint.graph.nodes:
-            if n.target is torch.ops.aten.relu.default:
+            if n.target in ops:
                 n.meta["should_offload"] = True
         return inner(joint, inputs, **kw)
     return partition
 
 
-def _aot(partition_fn, seen):
+def _aot(partition_fn, seen, decompositions=None):
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
 
     def fw(gm, example):
         seen.append(offload_ops(gm))
         return boxed_nop(gm, example)
-    return aot_autograd(fw_compiler=fw, bw_compiler=boxed_nop, partition_fn=partition_fn)
+    return aot_autograd(fw_compiler=fw, bw_compiler=boxed_nop, partition_fn=partition_fn,
+                        decompositions=decompositions or {})
 
 
 def test_should_offload_marks_offload_what_torch_offloads():
@@ -156,6 +157,31 @@ def test_should_offload_marks_offload_what_torch_offloads():
     torch._dynamo.reset()
     training_step(model, inputs, _aot(_marked_partition(opt_remat.partitioner()), seen), seed=1)
     assert seen[-1] == []
+
+
+def test_should_offload_marks_on_gpt_matmuls():
+    """Marks on every matmul of GPT with dropout: opt-remat offloads each marked value its plan
+    saves, the rule torch's partitioner applies to its own plan; the plans differ (torch saves
+    views of some marked values, which its pass then refuses; opt-remat never recomputes a marked
+    value), and what both save, both offload."""
+    from torch._inductor.decomposition import select_decomp_table
+    model, inputs = _gpt()
+    mms = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+    got = {}
+    for name, inner in (("torch", tp.min_cut_rematerialization_partition), ("opt-remat", _Recording())):
+        seen: list = []
+        with functorch_config.patch(enable_activation_offloading=True):
+            torch._dynamo.reset()
+            step = training_step(model, inputs, _aot(_marked_partition(inner, mms), seen, select_decomp_table()),
+                                 seed=1)
+        got[name] = (set(seen[-1]), step)
+    assert compare_steps(got["torch"][1], got["opt-remat"][1]).bitwise
+    rec = inner.history[-1]
+    assert got["opt-remat"][0] == {f"cpu_offload_{v}" for v in rec.plan.offloaded}
+    both = {o for o in got["torch"][0] if o.removeprefix("cpu_offload_") in rec.plan.saved}
+    assert both and both <= got["opt-remat"][0]
+    assert {n.name for n in rec.problem.nodes if n.op.startswith(("aten.mm", "aten.addmm", "aten.bmm"))
+            and n.role.value == "forward"} & rec.plan.saved == rec.plan.offloaded
 
 
 def _sac(model, tag):
