@@ -268,3 +268,30 @@ def test_backward_times_on_request_and_the_model_on_a_real_plan():
     curve, tl = offloaded_curve(timed, plan.saved, chosen, link)
     assert curve.peak <= simulate_plan(timed, plan.saved).peak
     assert tl.host_bytes == sum(timed.storage_size[v] for v in chosen) and tl.exposed_s >= 0
+
+
+def _hf_llama():
+    transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      max_position_embeddings=64, num_attention_heads=4, num_key_value_heads=4)
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.LlamaForCausalLM(config)
+
+        def forward(self, idx):
+            return self.model(input_ids=idx, labels=idx).loss
+
+    torch.manual_seed(0)
+    return Step(), (torch.randint(0, 128, (2, 32)),)
+
+
+@pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_hf_llama_offloaded_plan_trains_as_without(compiler):
+    ref, off, plain, pfn = _pair(_hf_llama, compiler, budget=0.5)
+    rec = pfn.history[-1]
+    assert len(rec.plan.offloaded) >= 4 and rec.plan.saved == plain[-1].plan.saved
+    assert pfn.ops[-1][2] == set(rec.plan.offloaded)
+    check = compare_steps(off, ref)
+    assert check.ok and (check.bitwise if compiler == "eager" else check.max_rel_error <= 1e-6), check
