@@ -295,3 +295,23 @@ def test_hf_llama_offloaded_plan_trains_as_without(compiler):
     assert pfn.ops[-1][2] == set(rec.plan.offloaded)
     check = compare_steps(off, ref)
     assert check.ok and (check.bitwise if compiler == "eager" else check.max_rel_error <= 1e-6), check
+
+
+def test_the_separate_stream_path_per_torchs_config():
+    """With ``activation_offload_separate_stream`` and sink-wait, torch's pass inserts the async ops
+    for exactly the planned values, the offload waits just before the forward's output (graphs
+    only: the async ops need an accelerator to run; prefetch times ops on one)."""
+    model, inputs = _gpt()
+    joint = capture(lambda: model, inputs)
+    pfn = _OffloadAll(solver="mincut", budget=1.0)
+    with functorch_config.patch(activation_offload_separate_stream=True, activation_offload_sink_wait=True):
+        fw, bw = pfn(joint.copy().module, None, num_fwd_outputs=joint.num_fwd_outputs)
+    planned = pfn.history[-1].plan.offloaded
+    assert planned and offloaded_values(fw) == set(planned)
+    calls = [n for n in fw.graph.nodes if n.op == "call_function"]
+    offloads = {n.args[0].name for n in calls if n.target is torch.ops.ao.offload.default}
+    waits = [n for n in calls if n.target is torch.ops.ao.wait_tensor.default]
+    assert offloads == set(planned) and len(waits) == len(planned)
+    assert calls[-len(waits):] == waits  # sunk to the end of the forward
+    reloads = [n for n in bw.graph.nodes if n.target is torch.ops.ao.reload.default]
+    assert {n.args[0].name.removeprefix("cpu_offload_") for n in reloads} == set(planned)
