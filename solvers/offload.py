@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from .liveness import MemoryCurve, simulate_plan
@@ -113,6 +113,7 @@ class OffloadTimeline:
     # value -> (D2H start, D2H end) in seconds from the forward's start, (H2D start, H2D end) from
     # the backward's
     copies: Mapping[str, tuple[float, float, float, float]]
+    away: Mapping[str, range] = field(default_factory=dict)  # value -> the steps it is off the device
 
     @property
     def exposed_s(self) -> float:
@@ -187,12 +188,12 @@ def offload_timeline(problem: Problem, saved: Iterable[str], offloaded: Iterable
     in_flight = [0] * len(steps)
     nf = len(fwd)
     f_begin = [0.0, *f_end]
+    away: dict[str, range] = {}
     for v in off:
-        for k in range(free_after[v] + 1, nf):
+        back = min(bisect.bisect_right(b_end, h2d[v][0]), len(bwd))  # the step its H2D starts in
+        away[v] = range(free_after[v] + 1, nf + back)
+        for k in away[v]:
             adjust[k] -= nbytes[v]
-        back = bisect.bisect_right(b_end, h2d[v][0])  # the step during which its H2D starts
-        for j in range(min(back, len(bwd))):
-            adjust[nf + j] -= nbytes[v]
         for k in range(nf):  # steps overlapping the copy
             if f_begin[k] < d2h[v][1] and f_end[k] > d2h[v][0]:
                 in_flight[k] += nbytes[v]
@@ -201,12 +202,14 @@ def offload_timeline(problem: Problem, saved: Iterable[str], offloaded: Iterable
                 in_flight[nf + j] += nbytes[v]
     copies = {v: (*d2h[v], *h2d[v]) for v in off}
     return OffloadTimeline(steps, tuple(adjust), tuple(in_flight), d2h_exposed, max(0.0, late),
-                           host_bytes(problem, off), copies)
+                           host_bytes(problem, off), copies, away)
 
 
 def offloaded_curve(problem: Problem, saved: Iterable[str], offloaded: Iterable[str], link: HostLink
                     ) -> tuple[MemoryCurve, OffloadTimeline]:
-    """The step's device curve with ``offloaded`` in host memory as the model says, and the timeline."""
+    """The step's device curve with ``offloaded`` in host memory as the model says, and the timeline.
+    ``peak_live`` and ``peak_gradients`` are kept where the peak stays at the simulator's step (less
+    the values away there), empty where it moves (they would need a second simulation)."""
     saved = set(saved)
     base = simulate_plan(problem, saved)
     timeline = offload_timeline(problem, saved, offloaded, link, base)
@@ -215,7 +218,7 @@ def offloaded_curve(problem: Problem, saved: Iterable[str], offloaded: Iterable[
         return base, timeline
     top = max(range(len(steps)), key=lambda i: (steps[i][2], -i))
     same = (steps[top][0], steps[top][1]) == (base.peak_phase, base.peak_at)
-    gone = {problem.by_name[v].storage_id for v in offloaded} if timeline.adjust[top] else set()
+    gone = {problem.by_name[v].storage_id for v, steps_away in timeline.away.items() if top in steps_away}
     curve = replace(base, steps=steps, peak=steps[top][2], peak_phase=steps[top][0], peak_at=steps[top][1],
                     peak_live=base.peak_live - gone if same else frozenset(),
                     peak_gradients=base.peak_gradients if same else 0)

@@ -57,6 +57,7 @@ def test_copies_overlap_compute_and_free_the_device_between_them():
     # off the device after the step their copy ends in (d) until the step their reload starts in
     assert tl.adjust == (0, 0, 0, 0, -200, -200, -200, -100, 0, 0)
     assert tl.in_flight == (0, 0, 0, 200, 0, 0, 0, 100, 100, 0)
+    assert tl.away == {"a": range(4, 8), "b": range(4, 7)}
     curve, _ = offloaded_curve(problem, SAVED, {"a", "b"}, HostLink(100.0, 100.0))
     assert [b for _, _, b in curve.steps] == [100, 200, 300, 400, 208, 200, 300, 400, 400, 300]
     assert (curve.peak, curve.peak_phase, curve.peak_at) == (400, "forward", "d")  # was 500 at g1
