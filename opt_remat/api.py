@@ -104,6 +104,7 @@ class Partitioner:
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
+    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -114,7 +115,8 @@ class Partitioner:
         self.request = make_request(self.solver, self.budget, peak_budget=self.peak_budget,
                                     count_gradients=self.count_gradients, options=self.options,
                                     device=self.device, costs=self.costs, rng_replay=self.rng_replay,
-                                    count_input_bytes=self.count_input_bytes, plan=self.plan)
+                                    count_input_bytes=self.count_input_bytes, plan=self.plan,
+                                    offload=self.offload)
         self.profile = self.request.profile
         self._noted_override = False  # the explicit-budget note is given once per partitioner
 
@@ -130,6 +132,7 @@ class Partitioner:
             "device": dataclasses.asdict(self.profile), "count_input_bytes": self.count_input_bytes,
             "plan": hashlib.sha256(plan_text).hexdigest(), "settings": self.settings,
             "count_gradients": self.count_gradients, "rng_replay": self.rng_replay, "costs": self.costs,
+            "offload": self.offload,
             "code": code_fingerprint(),
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
@@ -175,7 +178,7 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
                 rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
-                **options: Any) -> Partitioner:
+                offload: bool = False, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -197,14 +200,16 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     saves for them (its bytes count like any saved value); False never recomputes them.
     ``costs="profile"``: recompute costs timed on the device the graph runs on (cached on disk)
     instead of the roofline estimate of ``device``. ``verbose``: each solve's phase, best cost,
-    bound and gap on stderr as they change, then the plan found.
+    bound and gap on stderr as they change, then the plan found. Offload (``opt_remat.offload``):
+    MUST_CPU_OFFLOAD values are saved and offloaded, ``should_offload`` marks too with torch's
+    ``enable_activation_offloading``; ``offload=True`` offloads PREFER_CPU_OFFLOAD values as well.
     Which solvers exist, the budgets each meets and the options each takes: ``solvers.catalog``;
     an option the solver does not take (under the budgets given) is an error naming those it does.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
                        count_gradients=count_gradients, rng_replay=rng_replay, costs=costs,
-                       verbose=verbose)
+                       verbose=verbose, offload=offload)
 
 
 def backend(solver: str | None = None, budget: int | float | str | None = None, *,

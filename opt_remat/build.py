@@ -28,6 +28,7 @@ from solvers.problem import Parameter
 from .canonical import clean_source
 from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
 from .errors import GraphError
+from .offload import offload_ban, offload_request
 from .prepare import classify, prepare_joint
 from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts
@@ -61,6 +62,8 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     tag = node.meta.get("recompute")
     if tag in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
         return f"tagged {tag.name}"
+    if (asked := offload_request(node)) is not None:
+        return asked  # saved, to be offloaded: never recomputed
     seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
     if target is rng_state_capture:
         return "RNG state (saved to replay a random op)"
@@ -186,7 +189,8 @@ class _Storages:
 
 def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Mapping[str, str],
           op_types: tp.OpTypes, impure: Callable[[fx.Node], bool], tagged_recompute: set[str],
-          ban_reasons: dict[str, str], profile: DeviceProfile, module: str) -> Node:
+          ban_reasons: dict[str, str], profile: DeviceProfile, module: str, fwd_outputs: set[fx.Node],
+          backward_costs: bool) -> Node:
     """One value of the problem: sizes, bans (reasons into ``ban_reasons``), cost, module."""
     nbytes, storage, saveable = storages.size(node, val, role)
     extra_inputs: tuple[str, ...] = ()
@@ -210,7 +214,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
         if must_recompute and storage is None:
             tagged_recompute.add(node.name)
     cost = 0.0
-    if node.op == "call_function" and role in (Role.FORWARD, Role.EITHER):
+    if node.op == "call_function" and (backward_costs or role in (Role.FORWARD, Role.EITHER)):
         view_like = storage is not None or node.target is operator.getitem
         cost = roofline_seconds(node_flops(node), bytes_moved(node, view_like), profile)
     return Node(
@@ -228,6 +232,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
         op=(("rng_state" if node.target is rng_state_capture else str(node.target))
             if node.op == "call_function" else node.op),
         module=module,
+        offload_ban=offload_ban(node, role, storage, forward_outputs=fwd_outputs, op_types=op_types),
     )
 
 
@@ -261,11 +266,14 @@ def build_problem(
     node_info: tp.NodeInfo | None = None,
     costs: str = "roofline",
     input_roles: list[str] | None = None,
+    backward_costs: bool = False,
 ) -> Problem:
     """The save/recompute problem of a (prepared) joint graph; node names are the FX names.
     ``costs``: "roofline" (estimated from flops and bytes on ``device``'s profile) or "profile"
     (each recomputable op timed on the device its values live on, ``opt_remat.profile_costs``).
-    ``input_roles`` (the capture's, per primal) name the parameters, for the rank's memory."""
+    ``input_roles`` (the capture's, per primal) name the parameters, for the rank's memory.
+    ``backward_costs``: backward values get their roofline time too (what offload's transfers hide
+    behind, ``solvers.offload``; ~15% of the build, so only when asked)."""
     if costs not in ("roofline", "profile"):
         raise ValueError(f"costs must be 'roofline' or 'profile', got {costs!r}")
     profile = get_profile(device)
@@ -294,7 +302,8 @@ def build_problem(
             required.add(node.name)
         stack = stack_of(node)
         made = _node(node, _meta_val(node), role, storages, state_of, op_types, impure,
-                     tagged_recompute, ban_reasons, profile, stack[-1][0] if stack else "")
+                     tagged_recompute, ban_reasons, profile, stack[-1][0] if stack else "", fwd_out_nodes,
+                     backward_costs)
         nodes.append(made)
         module_classes.update(stack)
         if (costs == "profile" and node.op == "call_function" and role in (Role.FORWARD, Role.EITHER)

@@ -11,6 +11,8 @@ the tensors an op reads plus the bytes it writes (views move nothing). Device pr
 | cpu    | 1.0e12              | 5.0e10          | a many-core server CPU with AVX-512, DDR5     |
 
 A custom profile is ``DeviceProfile(name, peak_flops, bandwidth)`` or a dict with those keys.
+``host_bandwidth`` (optional) is the link to pinned host memory that offload copies over
+(presets: ``solvers.offload.LINK_BANDWIDTH``, PCIe Gen5/Gen4/Gen3 for h100/a100/v100).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from solvers.offload import LINK_BANDWIDTH
+
 
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
     peak_flops: float  # FLOP/s
     bandwidth: float  # bytes/s
+    host_bandwidth: float = 0.0  # bytes/s to pinned host memory, each way (offload); 0: unknown
 
     def __post_init__(self) -> None:
         if not (self.peak_flops > 0 and self.bandwidth > 0):
@@ -36,13 +41,16 @@ class DeviceProfile:
                 f"device profile {self.name!r}: peak_flops and bandwidth must be > 0, "
                 f"got {self.peak_flops} and {self.bandwidth}"
             )
+        if not self.host_bandwidth >= 0:
+            raise ValueError(f"device profile {self.name!r}: host_bandwidth must be >= 0 bytes/s, "
+                             f"got {self.host_bandwidth}")
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    "h100": DeviceProfile("h100", 9.89e14, 3.35e12),
-    "a100": DeviceProfile("a100", 3.12e14, 2.04e12),
-    "v100": DeviceProfile("v100", 1.25e14, 9.0e11),
-    "cpu": DeviceProfile("cpu", 1.0e12, 5.0e10),
+    "h100": DeviceProfile("h100", 9.89e14, 3.35e12, LINK_BANDWIDTH["h100"]),
+    "a100": DeviceProfile("a100", 3.12e14, 2.04e12, LINK_BANDWIDTH["a100"]),
+    "v100": DeviceProfile("v100", 1.25e14, 9.0e11, LINK_BANDWIDTH["v100"]),
+    "cpu": DeviceProfile("cpu", 1.0e12, 5.0e10, LINK_BANDWIDTH["cpu"]),
 }
 
 
@@ -63,7 +71,7 @@ def get_profile(device: str | DeviceProfile | Mapping[str, Any]) -> DeviceProfil
         if missing:
             raise ValueError(f"device profile needs {sorted(missing)} (got keys {sorted(device)})")
         return DeviceProfile(str(device.get("name", "custom")), float(device["peak_flops"]),
-                             float(device["bandwidth"]))
+                             float(device["bandwidth"]), float(device.get("host_bandwidth", 0.0)))
     raise TypeError(f"device must be a profile name, a DeviceProfile or a mapping, got {type(device)}")
 
 

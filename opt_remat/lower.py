@@ -13,9 +13,10 @@ import torch.fx as fx
 from torch._functorch import partitioners as tp
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
-from solvers import Plan
+from solvers import Plan, Problem
 
 from .extract import extract_fwd_bwd
+from .offload import insert_offloads
 from .rng_replay import STATE_META, fuse_rng_replay, route_replays, state_nodes
 
 
@@ -37,10 +38,23 @@ def lower_plan(
     num_fwd_outputs: int,
     static_lifetime_input_nodes: object | None = None,
     fast: bool = True,
+    problem: Problem | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules that save ``plan.saved`` and recompute the rest just in time;
-    random ops the plan recomputes replay the RNG state it saves for them. ``fast=False``: torch's
-    extraction, which the fast path must match."""
+    random ops the plan recomputes replay the RNG state it saves for them; ``plan.offloaded`` goes
+    to host memory by torch's pass (``opt_remat.offload``; ``problem`` is then required).
+    ``fast=False``: torch's extraction, which the fast path must match."""
+    fw_module, bw_module = _lower(joint_module, plan, num_fwd_outputs=num_fwd_outputs,
+                                  static_lifetime_input_nodes=static_lifetime_input_nodes, fast=fast)
+    if plan.offloaded:
+        if problem is None:
+            raise ValueError("lower_plan: a plan with offloaded values needs problem= (its offload bans)")
+        insert_offloads(fw_module, bw_module, problem, plan, num_fwd_outputs=num_fwd_outputs)
+    return fw_module, bw_module
+
+
+def _lower(joint_module: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int,
+           static_lifetime_input_nodes: object | None, fast: bool) -> tuple[fx.GraphModule, fx.GraphModule]:
     if fast:
         values, syms = saved_nodes(joint_module, plan)
         saved, recomputed = set(plan.saved), set(plan.recomputed)

@@ -56,6 +56,7 @@ class SolveRequest:
     count_input_bytes: bool = False
     plan_path: Path | None = None  # a plan file applied instead of solving
     plan_data: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
 
     @property
     def torch_baseline(self) -> bool:
@@ -73,12 +74,12 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
                  options: Mapping[str, Any] | None = None,
                  device: str | DeviceProfile | Mapping[str, Any] = "h100", costs: str = "roofline",
                  rng_replay: bool = True, count_input_bytes: bool = False, plan: str | Path | None = None,
-                 option_modes: Collection[str] | None = None) -> SolveRequest:
+                 offload: bool = False, option_modes: Collection[str] | None = None) -> SolveRequest:
     """A checked request; the first bad setting raises ``RequestError`` naming it. ``option_modes``:
     the modes the options must apply in (default: those the budgets allow; a run config passes its
     budgets' modes, as a solver entry serves all of them)."""
     for name, value in (("count_gradients", count_gradients), ("rng_replay", rng_replay),
-                        ("count_input_bytes", count_input_bytes)):
+                        ("count_input_bytes", count_input_bytes), ("offload", offload)):
         if not isinstance(value, bool):
             raise RequestError(name, f"{name} must be true or false, got {value!r}")
     if costs not in COSTS:
@@ -107,7 +108,8 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
         raise FileNotFoundError(f"plan file {str(plan_path)!r} not found: expected a JSON plan written by "
                                 "'opt-remat solve -o FILE' (a relative path starts at the working directory)")
     return SolveRequest(solver, budget, peak, count_gradients, opts, profile, costs, rng_replay,
-                        count_input_bytes, plan_path, read_plan_file(plan_path) if plan_path is not None else None)
+                        count_input_bytes, plan_path, read_plan_file(plan_path) if plan_path is not None else None,
+                        offload)
 
 
 def _check_options(solver: str | None, options: Mapping[str, Any], modes: Collection[str]) -> None:

@@ -35,6 +35,7 @@ from . import plan_memory
 from .build import build_problem
 from .canonical import canonical_values, graph_id
 from .lower import lower_plan
+from .offload import must_offload_values, with_offloads
 from .options import default_solver_options, mode_of, options_in_mode
 from .plans import match_plan
 from .prepare import classify, prepare_joint
@@ -123,9 +124,10 @@ def prepare(joint_module: fx.GraphModule, num_fwd_outputs: int, static_lifetime_
     problem = None
     if len(info.required_bw_nodes) > 0:
         problem = build_problem(module, num_fwd_outputs=num_fwd_outputs, device=request.profile,
-                                costs=request.costs, count_input_bytes=request.count_input_bytes, node_info=info)
+                                costs=request.costs, count_input_bytes=request.count_input_bytes, node_info=info,
+                                input_roles=input_roles, backward_costs=request.offload)
     return PreparedGraph(module, num_fwd_outputs, static_lifetime_input_indices, info, problem, input_roles,
-                         frozenset(must_save_values(module)))
+                         frozenset(must_save_values(module) + must_offload_values(module)))
 
 
 def budget_in_force(prepared: PreparedGraph, request: SolveRequest) -> tuple[int | float | str | None, str]:
@@ -168,8 +170,9 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
     requested = request.budget if requested is None else requested
     budget = budget_bytes(prepared, request, requested)
     if request.plan_data is not None:
-        return Solved(match_plan(request.plan_data, prepared.module, prepared.input_roles, prepared.problem,
-                                 settings=settings, source=f"plan file {request.plan_path}"), budget)
+        plan = match_plan(request.plan_data, prepared.module, prepared.input_roles, prepared.problem,
+                          settings=settings, source=f"plan file {request.plan_path}")
+        return Solved(offloads_of(prepared, request, plan), budget)
     if request.torch_baseline:
         parsed = parse_budget(requested)
         fraction = float(parsed) if isinstance(parsed, Fraction) else None
@@ -181,7 +184,13 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
         memory = plan_memory.graph_key(*prepared.canonical())  # plans of earlier solves of this graph
     with solve_lines(verbose, request, requested) as done:
         plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory))
-    return Solved(plan, budget)
+    return Solved(offloads_of(prepared, request, plan), budget)
+
+
+def offloads_of(prepared: PreparedGraph, request: SolveRequest, plan: Plan) -> Plan:
+    """``plan`` with the values the graph asks to offload (MUST_CPU_OFFLOAD, ``should_offload``
+    marks; PREFER_CPU_OFFLOAD with ``request.offload``) and those it chose itself."""
+    return with_offloads(prepared.problem, plan, prepared.module, offload=request.offload, extra=plan.offloaded)
 
 
 def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *,
@@ -218,7 +227,7 @@ def lower(prepared: PreparedGraph, plan: Plan, request: SolveRequest | None = No
             return tp.min_cut_rematerialization_partition(
                 prepared.module, joint_inputs, num_fwd_outputs=prepared.num_fwd_outputs,
                 static_lifetime_input_indices=prepared.static_lifetime_input_indices)
-    return lower_plan(prepared.module, plan, num_fwd_outputs=prepared.num_fwd_outputs,
+    return lower_plan(prepared.module, plan, num_fwd_outputs=prepared.num_fwd_outputs, problem=prepared.problem,
                       static_lifetime_input_nodes=prepared.info.static_lifetime_input_nodes)
 
 

@@ -19,8 +19,12 @@ class MemoryKind(str, Enum):
     OPTIMIZER = "optimizer state"
     ALL_GATHER = "all-gather buffers"
     REDUCE_SCATTER = "reduce-scatter buffers"
+    # offload (``solvers.offload``)
+    HOST = "host"  # offloaded values held in host memory (not device bytes)
+    IN_FLIGHT = "in flight"  # device bytes of values being copied to or from host memory
 
 
 # the kinds the graph's simulation counts (what a plan changes); the others are the rank's
 GRAPH_KINDS = (MemoryKind.ACTIVATIONS, MemoryKind.TEMPORARIES, MemoryKind.GRADIENTS)
-RESIDENT_KINDS = tuple(k for k in MemoryKind if k not in GRAPH_KINDS)
+OFFLOAD_KINDS = (MemoryKind.HOST, MemoryKind.IN_FLIGHT)
+RESIDENT_KINDS = tuple(k for k in MemoryKind if k not in GRAPH_KINDS and k not in OFFLOAD_KINDS)

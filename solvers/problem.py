@@ -60,6 +60,9 @@ class Node:
     # the module path that made it (``model.layers.3.mlp``; a backward value: its forward value's),
     # for reports and for finding repeated blocks (``solvers.blocks``); "" when unknown
     module: str = ""
+    # why this value cannot be offloaded to host memory ("" if it can, when saved): torch's pass
+    # refuses views, getitems, non-contiguous tensors and outputs (``opt_remat.offload``)
+    offload_ban: str = ""
 
     @property
     def storage_id(self) -> str:
@@ -240,6 +243,7 @@ class Plan:
     message: str = ""
     budget: int | None = None  # the saved-bytes budget the plan was made for, if any
     extra: Mapping[str, object] = field(default_factory=dict)
+    offloaded: frozenset[str] = frozenset()  # saved values sent to host memory (``solvers.offload``)
 
     @property
     def gap(self) -> float | None:

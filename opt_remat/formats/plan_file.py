@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -49,6 +50,7 @@ _GRAPH_SCHEMA = {
         "graph_id": {"type": "string"},
         "saved": {"type": "array", "items": {"type": "string"}},
         "recomputed": {"type": "array", "items": {"type": "string"}},
+        "offloaded": {"type": "array", "items": {"type": "string"}},
         "values": {"type": "array", "items": {
             "type": "array", "prefixItems": [{"type": "string"}, {"type": "string"}, {"type": "string"},
                                              {"type": "string"}, {"type": "array", "items": {"type": "integer"}}],
@@ -88,6 +90,7 @@ def graph_entry(problem: Problem, plan: Plan, values: Sequence[dict[str, Any]], 
         "message": plan.message,
         "saved": sorted(plan.saved, key=problem.index.__getitem__),
         "recomputed": sorted(plan.recomputed, key=problem.index.__getitem__),
+        **({"offloaded": sorted(plan.offloaded, key=problem.index.__getitem__)} if plan.offloaded else {}),
         "values": [[v["name"], v["id"], v["op"], v["type"], list(v["inputs"])] for v in values],
     }
 
@@ -152,10 +155,12 @@ def apply_plan(entry: dict[str, Any], problem: Problem, values: Sequence[dict[st
     if missing:
         raise PlanMismatchError(f"{source}: saved values {', '.join(missing[:5])} have no match in this graph")
     saved = [here[plan_ids[s]] for s in entry["saved"]]
-    return plan_from_saved(problem, saved, solver=f"plan:{entry.get('solver', '?')}",
+    plan = plan_from_saved(problem, saved, solver=f"plan:{entry.get('solver', '?')}",
                            status=Status(entry.get("status", "feasible")), budget=entry.get("budget"),
                            objective=entry.get("objective"), bound=entry.get("bound"),
                            message=f"loaded from {source}")
+    offloaded = frozenset(here[plan_ids[s]] for s in entry.get("offloaded", ()))
+    return replace(plan, offloaded=offloaded) if offloaded else plan
 
 
 def first_difference(entry: dict[str, Any], values: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
