@@ -4,13 +4,14 @@
 CSE, tag clean-up, MUST_SAVE tags), but edits it in place: torch's CSE (``fx_graph_cse``) copies
 every node into a new graph and assigning it recompiles the module, which nothing here runs. The
 CSE below keys each op by its target and arguments, with torch's rules for what is never merged,
-and ``classify`` computes torch's ``NodeInfo`` without copying the forward out of the joint graph.
+and ``classify`` computes torch's ``NodeInfo`` without copying the forward out of the joint graph
+(``kept_nodes``: what torch's extraction keeps of it, which the lowering in ``extract`` reuses).
 ``tests/test_extract.py`` checks both against torch's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -26,7 +27,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._ordered_set import OrderedSet
 
 from .errors import Unsupported
-from .extract import impurity, kept_nodes
 from .rng_replay import insert_rng_states
 
 
@@ -62,6 +62,63 @@ def eliminate_dead_code(joint_module: fx.GraphModule) -> None:
     for node in reversed(graph.nodes):
         if not node.users and node.op != "placeholder" and node.op != "output" and not impure(node):
             graph.erase_node(node)
+
+
+def impurity() -> Callable[[fx.Node], bool]:
+    """``Node.is_impure`` as ``Graph.eliminate_dead_code`` calls it, memoized per op overload (whose
+    purity does not depend on the arguments)."""
+    impure_random = True
+    if torch._guards.TracingContext.try_get():
+        impure_random = torch._inductor.config.fallback_random
+    memo: dict[Any, bool] = {}
+
+    def impure(node: fx.Node) -> bool:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target not in memo:
+                memo[target] = node.is_impure(impure_random)
+            return memo[target]
+        return node.is_impure(impure_random)
+    return impure
+
+
+def kept_nodes(nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[Any], subgraph: str, *,
+               impure: Callable[[fx.Node], bool] | None = None,
+               replays: dict[fx.Node, fx.Node] | None = None) -> list[fx.Node]:
+    """The nodes (not ``inputs``) of the graph torch's ``_extract_graph_with_inputs_outputs`` makes
+    from the joint graph's ``nodes``, in their order: those computable from ``inputs`` alone, and
+    allowed in ``subgraph``, that survive its dead-code elimination. ``replays``: extra inputs."""
+    impure = impure or impurity()
+    replays = replays or {}
+    is_input = set(inputs)
+    valid = set(inputs)
+    forward = subgraph == "forward"
+    for node in nodes:
+        if node in is_input or node.op == "placeholder" or node.op == "output":
+            continue
+        if tp._must_be_in_backward(node) if forward else tp._must_be_in_forward(node):
+            continue
+        state = replays.get(node)
+        if node.op == "get_attr" or (all(i in valid for i in node.all_input_nodes)
+                                     and (state is None or state in valid)):
+            valid.add(node)
+    needed = set()
+    for out in outputs:
+        if isinstance(out, fx.Node):
+            if out not in valid:
+                raise Unsupported(f"{subgraph} output {out.name} is not computable there")
+            needed.add(out)
+    kept = []
+    for node in reversed(nodes):
+        if node in is_input or node not in valid:
+            continue
+        if node in needed or impure(node):
+            kept.append(node)
+            needed.update(node.all_input_nodes)
+            if node in replays:
+                needed.add(replays[node])
+    kept.reverse()
+    return kept
 
 
 _SEQUENCES = (tuple, list, immutable_list)
