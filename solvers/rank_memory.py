@@ -314,27 +314,24 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
     model = RankModel(problem, setup or TrainingSetup())
     graph: list[dict[K, int]] = []
     steps: list[tuple[str, int, int]] = []
-    grads_now: set[str] = set()
-    fresh = len(sim.size)
-    grad_ids = set(sim.grads)
+    grad_names: set[str] = set()
 
-    def by_kind(live: Mapping[str, int]) -> None:
+    def split(live: Mapping[str, int]) -> None:
         if on_step is not None:
             on_step(live)
         out = {K.ACTIVATIONS: 0, K.TEMPORARIES: 0, K.GRADIENTS: 0}
+        if not grad_names:  # the simulation's gradient buffers (a gradient may be a view of another buffer)
+            grad_names.update(sim.buffer_names[b] for b in sim.grad_buffers)
         for name, nbytes in live.items():
             v = sim.ids[name[3:]] if name.startswith("bw:") else sim.ids[name]
-            if v in grad_ids or (not name.startswith("bw:") and name in grads_now):
+            if name in grad_names:
                 out[K.GRADIENTS] += nbytes
             else:
                 out[K.TEMPORARIES if sim.role[v] is Role.BACKWARD else K.ACTIVATIONS] += nbytes
         graph.append(out)
 
-    for g in sim.grads:  # gradients that share a forward-side storage keep its name
-        if sim.sid[g] < fresh and not sim.is_view[g]:
-            grads_now.add(sim.storage_names[sim.sid[g]])
     hook = model.hook if setup is not None else None
-    top, grad_buffers = sim._simulate(saved, steps, by_kind, hook)
+    top, grad_buffers = sim._simulate(saved, steps, split, hook)
     n_fw = sum(1 for ph, _, _ in steps if ph == "forward")
     resident: list[dict[K, int]] = []
     if setup is not None and model.last is not None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from solvers import Problem
-from solvers.liveness import simulate_plan
 from solvers.memory_kinds import MemoryKind
 from solvers.problem import Node, Role
 from solvers.rank_memory import rank_curve
@@ -105,12 +104,6 @@ def step_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
     return Curve(values=[index[name] for _, name in rank.steps], live={TOTAL: total, **series},
                  phases="".join(phases), live_count=[n for n, _ in snapshots], top=top,
                  peak_gradients=rank.peak.by_kind.get(MemoryKind.GRADIENTS, 0))
-
-
-def plan_peaks(problem: Problem, saved: Iterable[str]) -> tuple[int, int]:
-    """A plan's step peak and the gradient bytes in it, for a plan file outside a run."""
-    sim = simulate_plan(problem, saved)
-    return sim.peak, sim.peak_gradients
 
 
 def _value_of(buffer: str) -> str:

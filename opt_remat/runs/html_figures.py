@@ -11,6 +11,7 @@ from solvers.budget import byte_axis, format_bytes, format_seconds, time_axis
 
 from .curves import Curve
 from .html_data import PlanView, RunReport
+from .html_kinds import kind_figures
 from .plots import MIP_SOLVERS
 from .results import Record, verified_text
 
@@ -33,7 +34,8 @@ def solver_colors(records: Sequence[Record]) -> dict[str, str]:
 def figures(report: RunReport) -> list[dict[str, Any]]:
     """Every figure of the page: ``{id, title, data, layout}`` each, in page order."""
     colors = solver_colors(report.records)
-    return [pareto_figure(report, colors), *memory_figures(report, colors), solve_time_figure(report, colors)]
+    return [pareto_figure(report, colors), *memory_figures(report, colors), *kind_figures(report),
+            solve_time_figure(report, colors)]
 
 
 def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budge
     rec.extra, rec.warnings = jsonable(dict(plan.extra or {})), list(result.warnings)
     rec.plan_file = str(plan_file.relative_to(out_dir))
     write_plan(plan_file, cfg, [work], [plan], [(curve.peak, curve.peak_gradients)], budget_spec=b.raw,
-               peak_budget=b.peak)
+               peak_budget=b.peak, device_memory=b.device, peak_by_kind=rec.peak_by_kind)
 
     start = time.perf_counter()
     if cfg.measure_memory and work.prepared is not None:
