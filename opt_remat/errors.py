@@ -17,7 +17,8 @@ The errors a user can cause, all ``ValueError``s naming the cause and the fix:
   setting that is not valid (``ValueError``); a plan file that cannot be read (``PlanMismatchError``);
 - on the compiled model's first call, passed through torch.compile as they are (``USER_ERRORS``):
   ``BudgetError`` (no plan saves within the budget), ``PeakBudgetError`` (none peaks within the peak
-  budget or the device's memory), ``DeviceBudgetError`` (the rank's states alone leave no room), ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
+  budget or the device's memory), ``DeviceBudgetError`` (the rank's states alone leave no room),
+  ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
   made for another graph: shapes, model, compiler or torch version differ).
 Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``, so not an
 ``OptRematError``: ``except Exception`` must not swallow a Ctrl-C) with the best plan found.
@@ -33,7 +34,8 @@ from solvers.device_budget import DeviceBudgetError
 from solvers.errors import OptRematError
 from solvers.problem import Plan
 
-__all__ = ["BudgetError", "CaptureError", "DeviceBudgetError", "GraphError", "GraphLoadError", "OptRematError", "PeakBudgetError",
+__all__ = ["BudgetError", "CaptureError", "DeviceBudgetError", "GraphError", "GraphLoadError", "OptRematError",
+           "PeakBudgetError",
            "PlanMismatchError", "SolveInterrupted", "USER_ERRORS", "Unsupported", "catchable", "unwrap"]
 
 

@@ -25,7 +25,7 @@ where this model and torch's ``FSDPMemTracker`` differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .blocks import find_blocks
 from .liveness import MemoryCurve, RankHook, Simulator, simulator
@@ -295,7 +295,8 @@ def rank_peak(problem: Problem, saved: Iterable[str], setup: TrainingSetup | Non
     return _peak_of(sim, model, setup, top, grads)
 
 
-def _peak_of(sim: Simulator, model: RankModel, setup: TrainingSetup | None, top: list, grads: set[int]) -> RankPeak:
+def _peak_of(sim: Simulator, model: RankModel, setup: TrainingSetup | None, top: list[Any],
+             grads: set[int]) -> RankPeak:
     """The peak a simulation found (``Simulator._simulate``'s top), split by kind."""
     if top[0] < 0:
         return RankPeak(0, "", "", _ordered({}))

@@ -42,7 +42,8 @@ def kind_figures(report: RunReport) -> list[dict[str, Any]]:
                  "fillcolor": KIND_COLORS.get(kind), "marker": {"color": KIND_COLORS.get(kind)},
                  "hovertemplate": f"{kind}: %{{y:.3f}} {unit}<extra></extra>"} for kind in curve.kinds]
         shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": curve.forward_steps - 0.5,
-                   "x1": curve.forward_steps - 0.5, "y0": 0, "y1": 1, "line": {"color": "#444", "dash": "dot", "width": 1}}]
+                   "x1": curve.forward_steps - 0.5, "y0": 0, "y1": 1,
+                   "line": {"color": "#444", "dash": "dot", "width": 1}}]
         device = next((v.record.device_memory for v in views if v.record.device_memory is not None), None)
         if device is not None:
             shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": device / scale,
