@@ -166,3 +166,19 @@ def test_a_random_problem_without_parameters_on_one_device_is_the_graph():
     p = random_problem(3)
     saved = solve_named(p, "inputs-only").saved
     assert step_curve(p, saved, ONE_DEVICE).peak == step_curve(p, saved).peak == simulate_plan(p, saved).peak
+
+
+@pytest.mark.parametrize("change,where", [
+    (("budgets: [", "budgets: [{device: 0.5}, "), "budgets[0].device"),
+    (("budgets: [", "budgets: [{device: 1MiB, peak: 1MiB}, "), "budgets[0]"),
+    (('"optimizer": "adamw"', '"optimizer": "lion"'), "training.optimizer"),
+    (('"ranks": 8', '"rank": 8'), "training.rank"),
+])
+def test_yaml_errors_name_the_field(tmp_path, change, where):
+    from opt_remat.runs import ConfigError
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.replace(*change))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = str(err.value)
+    assert f": {where}: " in text and "\n" not in text

@@ -32,7 +32,7 @@ _KINDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": 
 _TAG_KINDS = {"mapping": "a mapping", "name": "a string", "value": "a number or a string"}
 _HINTS = {
     "model": ": expected model: {factory: 'module:callable', kwargs: {...}, inputs: [...]} or {graph: PATH}",
-    "budgets": ": expected a list of fractions (0.5) or bytes ('2MiB')",
+    "budgets": ": expected a list of fractions (0.5), bytes ('2MiB'), {peak: BYTES} or {device: BYTES}",
     "solvers": ": expected a list of solver names or {name: ..., options}",
     "factory": ": expected 'module:callable' (e.g. opt_remat.models:gpt2) or graph: PATH",
     "name": ": expected the solver's name",
