@@ -38,7 +38,8 @@ def summary_table(records: Sequence[Record]) -> str:
     """One row per pair, the budget written once per group; notes (errors, checks) below. Each
     column of bytes is in one unit (saved and measured share theirs)."""
     from ..report import table
-    units = {"bytes": column_unit([r.budget_bytes for r in records] + [r.peak_budget for r in records]),
+    units = {"bytes": column_unit([r.budget_bytes for r in records] + [r.peak_budget for r in records]
+                                  + [r.device_memory for r in records]),
              "saved": column_unit([r.saved_bytes for r in records] + [r.measured_saved_bytes for r in records]),
              "peak": column_unit(r.peak_bytes for r in records),
              "grads": column_unit(r.peak_gradient_bytes for r in records)}
