@@ -15,6 +15,7 @@ _EXPORTS = {
     "PROFILES": "costs", "DeviceProfile": "costs", "get_profile": "costs",
     "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
     "BudgetError": "errors", "PeakBudgetError": "errors", "SolveInterrupted": "errors",
+    "DeviceBudgetError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,6 +20,8 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
 from solvers.budget import format_bytes
+from solvers.rank_memory import RankPeak, rank_peak
+from solvers.training import TrainingSetup
 
 from . import road
 from .canonical import input_roles
@@ -50,14 +52,21 @@ class PartitionRecord:
     # first use, as reports and plan files need them and a partition does not
     canonical: tuple[list[dict[str, Any]], str] | Callable[[], tuple[list[dict[str, Any]], str]] = \
         field(default=([], ""), repr=False)
+    # under a device budget: the rank's peak under the plan, by kind, and the device's bytes
+    device_peak: RankPeak | None = None
+    device_memory: int | None = None
 
     def __repr__(self) -> str:
         plan = self.plan
         budget = "" if self.budget_bytes is None else f" (budget {format_bytes(self.budget_bytes)})"
         gap = "" if plan.gap is None else f", gap {plan.gap:.2%}"
+        device = ""
+        if self.device_peak is not None and self.device_memory is not None:
+            device = (f"; device peak {format_bytes(self.device_peak.total)} of "
+                      f"{format_bytes(self.device_memory)} ({_top_kinds(self.device_peak)})")
         return (f"PartitionRecord({plan.solver}, {plan.status.value}{gap}: saves {len(plan.saved)} values, "
                 f"{format_bytes(plan.saved_bytes)}{budget}; recomputes {len(plan.recomputed)}, "
-                f"{format_seconds(plan.recompute_cost)}; {len(self.problem.nodes)} nodes; "
+                f"{format_seconds(plan.recompute_cost)}{device}; {len(self.problem.nodes)} nodes; "
                 f"partitioned in {format_seconds(self.seconds)})")
 
     __str__ = __repr__
@@ -74,6 +83,13 @@ class PartitionRecord:
         if callable(self.canonical):
             self.canonical = self.canonical()  # computed once; the joint graph is let go
         return self.canonical
+
+
+def _top_kinds(peak: RankPeak, count: int = 3) -> str:
+    """The largest kinds at a peak, e.g. ``activations 40.00 GiB, optimizer state 9.10 GiB, ...``."""
+    kinds = sorted(((v, k.value) for k, v in peak.by_kind.items() if v), reverse=True)
+    more = ", ..." if len(kinds) > count else ""
+    return ", ".join(f"{name} {format_bytes(v)}" for v, name in kinds[:count]) + more
 
 
 @contextlib.contextmanager
@@ -105,6 +121,8 @@ class Partitioner:
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
     offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
+    device_memory: int | str | None = None  # bytes of the device: a budget of the rank's whole memory
+    training: Mapping[str, Any] | TrainingSetup | None = None  # how the step is trained (solvers.training)
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -116,7 +134,8 @@ class Partitioner:
                                     count_gradients=self.count_gradients, options=self.options,
                                     device=self.device, costs=self.costs, rng_replay=self.rng_replay,
                                     count_input_bytes=self.count_input_bytes, plan=self.plan,
-                                    offload=self.offload)
+                                    offload=self.offload, device_memory=self.device_memory,
+                                    training=self.training)
         self.profile = self.request.profile
         self._noted_override = False  # the explicit-budget note is given once per partitioner
 
@@ -132,7 +151,8 @@ class Partitioner:
             "device": dataclasses.asdict(self.profile), "count_input_bytes": self.count_input_bytes,
             "plan": hashlib.sha256(plan_text).hexdigest(), "settings": self.settings,
             "count_gradients": self.count_gradients, "rng_replay": self.rng_replay, "costs": self.costs,
-            "offload": self.offload,
+            "offload": self.offload, "device_memory": self.request.device_memory,
+            "training": self.request.training,
             "code": code_fingerprint(),
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
@@ -157,9 +177,11 @@ class Partitioner:
             log.warning(note)
         solved = road.plan_for(prepared, self.request, requested, settings=self.settings, verbose=self.verbose)
         fw_module, bw_module = road.lower(prepared, solved.plan, self.request, joint_inputs)
+        setup = self.request.rank_setup
+        device_peak = None if setup is None else rank_peak(prepared.problem, solved.plan.saved, setup)
         self.history.append(PartitionRecord(prepared.problem, solved.plan, solved.budget_bytes, fw_module,
                                             bw_module, num_fwd_outputs, time.perf_counter() - start,
-                                            prepared.canonical_later()))
+                                            prepared.canonical_later(), device_peak, self.request.device_memory))
         return fw_module, bw_module
 
 
@@ -178,7 +200,8 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
                 rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
-                offload: bool = False, **options: Any) -> Partitioner:
+                offload: bool = False, device_memory: int | str | None = None,
+                training: Mapping[str, Any] | TrainingSetup | None = None, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -203,13 +226,17 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     bound and gap on stderr as they change, then the plan found. Offload (``opt_remat.offload``):
     MUST_CPU_OFFLOAD values are saved and offloaded, ``should_offload`` marks too with torch's
     ``enable_activation_offloading``; ``offload=True`` offloads PREFER_CPU_OFFLOAD values as well.
+    ``device_memory="80GiB"``: a budget of the device's memory, counting what the rank holds besides
+    the graph as ``training`` says (a dict: dtypes, optimizer, sharding, ranks; ``solvers.training``;
+    without it one device, fp32 parameters and gradients, no optimizer); refused with the breakdown
+    and what would fit (``DeviceBudgetError``) where the states alone leave no room.
     Which solvers exist, the budgets each meets and the options each takes: ``solvers.catalog``;
     an option the solver does not take (under the budgets given) is an error naming those it does.
     """
     return Partitioner(solver=solver, budget=budget, device=device, options=options,
                        count_input_bytes=count_input_bytes, plan=plan, peak_budget=peak_budget,
                        count_gradients=count_gradients, rng_replay=rng_replay, costs=costs,
-                       verbose=verbose, offload=offload)
+                       verbose=verbose, offload=offload, device_memory=device_memory, training=training)
 
 
 def backend(solver: str | None = None, budget: int | float | str | None = None, *,

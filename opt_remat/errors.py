@@ -17,7 +17,8 @@ The errors a user can cause, all ``ValueError``s naming the cause and the fix:
   setting that is not valid (``ValueError``); a plan file that cannot be read (``PlanMismatchError``);
 - on the compiled model's first call, passed through torch.compile as they are (``USER_ERRORS``):
   ``BudgetError`` (no plan saves within the budget), ``PeakBudgetError`` (none peaks within the peak
-  budget), ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
+  budget or the device's memory), ``DeviceBudgetError`` (the rank's states alone leave no room),
+  ``GraphError`` (a graph opt-remat cannot partition), ``PlanMismatchError`` (a plan file
   made for another graph: shapes, model, compiler or torch version differ).
 Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``, so not an
 ``OptRematError``: ``except Exception`` must not swallow a Ctrl-C) with the best plan found.
@@ -29,10 +30,12 @@ import contextlib
 from typing import Iterator
 
 from solvers.budget import format_bytes
+from solvers.device_budget import DeviceBudgetError
 from solvers.errors import OptRematError
 from solvers.problem import Plan
 
-__all__ = ["BudgetError", "CaptureError", "GraphError", "GraphLoadError", "OptRematError", "PeakBudgetError",
+__all__ = ["BudgetError", "CaptureError", "DeviceBudgetError", "GraphError", "GraphLoadError", "OptRematError",
+           "PeakBudgetError",
            "PlanMismatchError", "SolveInterrupted", "USER_ERRORS", "Unsupported", "catchable", "unwrap"]
 
 
@@ -73,17 +76,18 @@ class BudgetError(OptRematError, ValueError):
 class PeakBudgetError(OptRematError, ValueError):
     """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
 
-    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None) -> None:
+    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None,
+                 name: str = "peak_budget") -> None:
         self.peak_budget = peak_budget
         self.min_peak = min_peak
         self.floor = floor
         found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
-                 f"peak_budget to at least {min_peak} bytes" if min_peak is not None
+                 f"{name} to at least {min_peak} bytes" if min_peak is not None
                  else "no valid plan was found at all (check bans and must-recompute tags)")
         if floor is not None and min_peak is not None:
             found += (" (it is the smallest possible)" if floor == min_peak else
                       f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
-        super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
+        super().__init__(f"{name} {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
 class SolveInterrupted(KeyboardInterrupt):
@@ -95,7 +99,7 @@ class SolveInterrupted(KeyboardInterrupt):
 
 
 # the user's to fix, raised while torch.compile compiles; never fallen back from
-USER_ERRORS = (BudgetError, PeakBudgetError, GraphError, PlanMismatchError)
+USER_ERRORS = (BudgetError, PeakBudgetError, DeviceBudgetError, GraphError, PlanMismatchError)
 
 
 def unwrap(exc: BaseException) -> BaseException:

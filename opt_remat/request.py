@@ -14,6 +14,7 @@ from typing import Any, Collection, Mapping
 
 from solvers import catalog
 from solvers.budget import Fraction, parse_budget
+from solvers.training import TrainingSetup, TrainingSetupError, training_setup
 from .formats.plan_file import read_plan_file
 
 from .costs import DeviceProfile, get_profile
@@ -31,6 +32,11 @@ AUTO_LAM_FRACTION_OF_BANDWIDTH = 0.1
 def auto_lam(profile: DeviceProfile) -> float:
     """``lam="auto"`` on a device: the min-cut weight the default path uses."""
     return AUTO_LAM_FRACTION_OF_BANDWIDTH * profile.bandwidth
+
+
+# a device budget without a ``training`` set-up: the step on one device, parameters and their
+# gradients in fp32, no optimizer state
+ONE_DEVICE = TrainingSetup(optimizer="none")
 
 
 class RequestError(ValueError):
@@ -57,6 +63,21 @@ class SolveRequest:
     plan_path: Path | None = None  # a plan file applied instead of solving
     plan_data: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
+    device_memory: int | None = None  # bytes of the device: a peak budget on the rank's whole memory
+    training: TrainingSetup | None = None  # how the step is trained (None: ONE_DEVICE under device_memory)
+
+    @property
+    def rank_setup(self) -> TrainingSetup | None:
+        """The set-up the rank's memory is counted under: ``training``, else one device without an
+        optimizer where a device budget is given, else None (the graph's memory alone)."""
+        if self.training is not None:
+            return self.training
+        return ONE_DEVICE if self.device_memory is not None else None
+
+    @property
+    def peak_limit(self) -> int | None:
+        """The bytes a peak solve must fit: the peak budget or the device's memory."""
+        return self.peak_budget if self.peak_budget is not None else self.device_memory
 
     @property
     def torch_baseline(self) -> bool:
@@ -74,7 +95,9 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
                  options: Mapping[str, Any] | None = None,
                  device: str | DeviceProfile | Mapping[str, Any] = "h100", costs: str = "roofline",
                  rng_replay: bool = True, count_input_bytes: bool = False, plan: str | Path | None = None,
-                 offload: bool = False, option_modes: Collection[str] | None = None) -> SolveRequest:
+                 offload: bool = False, option_modes: Collection[str] | None = None,
+                 device_memory: int | str | None = None,
+                 training: Mapping[str, Any] | TrainingSetup | None = None) -> SolveRequest:
     """A checked request; the first bad setting raises ``RequestError`` naming it. ``option_modes``:
     the modes the options must apply in (default: those the budgets allow; a run config passes its
     budgets' modes, as a solver entry serves all of them)."""
@@ -92,6 +115,11 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
     if isinstance(peak, Fraction):
         raise RequestError("peak_budget", f"peak_budget is bytes (an int or a string such as '200MiB'), "
                                           f"got {peak_budget!r}")
+    device_bytes, setup = _device_and_training(device_memory, training)
+    if device_bytes is not None and peak is not None:
+        raise RequestError("device_memory", "give peak_budget (the graph's peak) or device_memory (the rank's "
+                                            "whole memory), not both")
+    peak_like = peak if peak is not None else device_bytes
     try:
         profile = get_profile(device)
     except (ValueError, TypeError, KeyError) as exc:
@@ -99,9 +127,10 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
     if solver == DEFAULT_SOLVER:  # the catalog's name for what no name asks for
         solver = None
     opts = dict(options or {})
-    _check_options(solver, opts, possible_modes(budget, peak) if option_modes is None else option_modes)
-    if peak is not None and plan is None and solver not in (None, *catalog.supporting(catalog.PEAK)):
-        raise RequestError("solver", f"solver {solver!r} has no peak-budget mode: peak_budget works with solver "
+    _check_options(solver, opts, possible_modes(budget, peak_like) if option_modes is None else option_modes)
+    if peak_like is not None and plan is None and solver not in (None, *catalog.supporting(catalog.PEAK)):
+        which = "peak_budget" if peak is not None else "device_memory"
+        raise RequestError("solver", f"solver {solver!r} has no peak-budget mode: {which} works with solver "
                                      f"{', '.join(map(repr, catalog.supporting(catalog.PEAK)))} or none (the default)")
     plan_path = None if plan is None else Path(plan)
     if plan_path is not None and not plan_path.exists():
@@ -109,7 +138,26 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
                                 "'opt-remat solve -o FILE' (a relative path starts at the working directory)")
     return SolveRequest(solver, budget, peak, count_gradients, opts, profile, costs, rng_replay,
                         count_input_bytes, plan_path, read_plan_file(plan_path) if plan_path is not None else None,
-                        offload)
+                        offload, device_bytes, setup)
+
+
+def _device_and_training(device_memory: int | str | None, training: Mapping[str, Any] | TrainingSetup | None
+                         ) -> tuple[int | None, TrainingSetup | None]:
+    """The device's bytes and the training set-up, checked; errors name ``device_memory`` or
+    ``training.FIELD``."""
+    try:
+        parsed = parse_budget(device_memory)
+    except ValueError as exc:
+        raise RequestError("device_memory", f"device_memory: {exc}") from None
+    if isinstance(parsed, Fraction) or (parsed is not None and parsed <= 0):
+        raise RequestError("device_memory", f"device_memory is the device's bytes (an int or a string such as "
+                                            f"'80GiB'), got {device_memory!r}")
+    try:
+        setup = training_setup(training)
+    except TrainingSetupError as exc:
+        where = str(exc).split(":", 1)[0]
+        raise RequestError(where if where.startswith("training") else "training", str(exc)) from None
+    return parsed, setup
 
 
 def _check_options(solver: str | None, options: Mapping[str, Any], modes: Collection[str]) -> None:

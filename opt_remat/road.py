@@ -30,6 +30,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from solvers import Plan, Problem, catalog
 from solvers import progress as solver_progress
 from solvers.budget import Fraction, format_bytes, parse_budget
+from solvers.device_budget import device_budget
+from solvers.rank_memory import with_rank_memory
 
 from . import plan_memory
 from .build import build_problem
@@ -180,7 +182,7 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
         return Solved(torch_plan(prepared.module, prepared.info, prepared.problem, budget, fraction=fraction),
                       budget)
     memory = None
-    if request.peak_budget is not None and plan_memory.enabled():
+    if request.peak_limit is not None and plan_memory.enabled():
         memory = plan_memory.graph_key(*prepared.canonical())  # plans of earlier solves of this graph
     with solve_lines(verbose, request, requested) as done:
         plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory))
@@ -199,13 +201,15 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     of the budget's mode, MUST_SAVE steering, and the peak, default or named solver's plan, read
     back on ``problem``. Options of another mode (allowed where torch's settings decide the
     budget) are left out with a warning."""
-    mode = mode_of(budget, request.peak_budget)
+    mode = mode_of(budget, request.peak_limit)
     opts = options_in_mode(request.solver, request.options, mode)
     if request.solver in ("mincut", None) and mode == catalog.FREE:  # the default path is min-cut here
         lam = opts.get("lam", "auto")
         opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
     steer = steered(problem, must_save)
-    if request.peak_budget is not None:
+    if request.device_memory is not None:
+        plan = _device_plan(steer, request, budget, opts, memory)
+    elif request.peak_budget is not None:
         plan = choose_peak_plan(steer, request.solver, request.peak_budget, budget, opts,
                                 default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
                                 memory=memory)
@@ -215,6 +219,19 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     else:
         plan = choose_plan(steer, request.solver, budget, opts)
     return realized_plan(problem, plan)
+
+
+def _device_plan(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
+                 memory: plan_memory.GraphKey | None) -> Plan:
+    """A device budget: refused up front where the rank's states leave no room for the graph
+    (``DeviceBudgetError``, with the breakdown and what would fit), else a peak solve on the
+    problem whose simulation counts the rank's whole memory."""
+    setup = request.rank_setup
+    assert setup is not None and request.device_memory is not None
+    device_budget(problem, setup, request.device_memory)
+    return choose_peak_plan(with_rank_memory(problem, setup), request.solver, request.device_memory, budget, opts,
+                            default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
+                            memory=memory, device=True)
 
 
 def lower(prepared: PreparedGraph, plan: Plan, request: SolveRequest | None = None,
@@ -239,7 +256,8 @@ def solve_lines(verbose: bool, request: SolveRequest, budget: Any) -> Iterator[C
         yield lambda plan: plan
         return
     what = (f"{request.solver or 'default'}" + (f" budget {budget}" if budget is not None else "")
-            + (f" peak {format_bytes(request.peak_budget)}" if request.peak_budget is not None else ""))
+            + (f" peak {format_bytes(request.peak_budget)}" if request.peak_budget is not None else "")
+            + (f" device {format_bytes(request.device_memory)}" if request.device_memory is not None else ""))
     print(f"opt-remat: solving {what}", file=sys.stderr, flush=True)
     last = [""]
 

@@ -34,13 +34,14 @@ def _raise_if_interrupted(problem: Problem, plan: Plan | None, budget: int | Non
 def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, budget: int | None,
                      options: dict[str, Any] | None = None, *,
                      default_lam: float | None = None, count_gradients: bool = True,
-                     memory: GraphKey | None = None) -> Plan:
+                     memory: GraphKey | None = None, device: bool = False) -> Plan:
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
     ``solver`` None, ``"default"`` or ``"mincut"``: the fast default (``solvers.fast_peak``);
     ``"peak-search"``, ``"cpsat"`` or ``"milp"``: the search with a proven gap. ``default_lam``:
     the min-cut plan at that ``lam`` (the default path's plan) is a candidate. ``memory``: plans
     remembered from earlier solves of the graph (``opt_remat.plan_memory``) are candidates, one
-    that fits and costs less wins, and the plan returned is remembered."""
+    that fits and costs less wins, and the plan returned is remembered. ``device``: the peak is the
+    device's memory (the problem counts the rank's, ``road``), as errors say."""
     options = dict(options or {})
     interrupt.clear()
     remembered = recall(memory)
@@ -67,7 +68,8 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
         plan = label_peak_plan(as_solution(found, plan, peak_budget), name)
     if plan is None:
         assert failure is not None
-        err = PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None))
+        err = PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None),
+                              name="device_memory" if device else "peak_budget")
         if catalog.resolve(name, catalog.PEAK).name == catalog.DEFAULT:  # the search often goes lower
             err.args = (err.args[0] + " (by the fast default: solver 'peak-search' searches further)",)
         raise err from None

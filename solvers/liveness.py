@@ -99,6 +99,7 @@ class Simulator:
         # buffers by name, as simulate_plan's on_step sees them: a storage, or bw:VALUE for a
         # buffer made in the backward (ids from len(storages) on)
         self.buffer_names = self.storage_names + [f"bw:{name}" for name in self.names]
+        self.grad_buffers: set[int] = set()  # the latest simulation's gradient buffers
 
     def backward_order(self, saved_ids: set[int]) -> list[int]:
         inputs = self.inputs
@@ -188,6 +189,8 @@ class Simulator:
                 continue
             base = next((i for i in inputs[v] if sid[i] == g and i in bw), None)
             bw[v] = bw[base] if base is not None and self.is_view[v] else fresh + v
+        grads = {bw[o] for o in self.grads if o in bw}
+        self.grad_buffers = grads  # for ``on_step`` callers that split the live buffers by kind
         top: list = [-1, "", -1, -1, {}]
         live: dict[int, int] = {}
         saved_storages = {sid[v] for v in saved_ids}
@@ -206,7 +209,6 @@ class Simulator:
                     read.add(bw[v])
         for b in [b for b in live if b not in saved_storages or b not in read]:
             live.pop(b)
-        grads = {bw[o] for o in self.grads if o in bw}
         self._run(backward, bw, live, grads, top, steps, "backward", on_step, *rank_backward)
         return top, grads
 

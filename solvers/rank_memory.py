@@ -25,7 +25,7 @@ where this model and torch's ``FSDPMemTracker`` differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .blocks import find_blocks
 from .liveness import MemoryCurve, RankHook, Simulator, simulator
@@ -292,6 +292,12 @@ def rank_peak(problem: Problem, saved: Iterable[str], setup: TrainingSetup | Non
     model = model or RankModel(problem, setup or TrainingSetup())
     hook = model.hook if setup is not None else None
     top, grads = sim._simulate(saved, None, None, hook)
+    return _peak_of(sim, model, setup, top, grads)
+
+
+def _peak_of(sim: Simulator, model: RankModel, setup: TrainingSetup | None, top: list[Any],
+             grads: set[int]) -> RankPeak:
+    """The peak a simulation found (``Simulator._simulate``'s top), split by kind."""
     if top[0] < 0:
         return RankPeak(0, "", "", _ordered({}))
     kinds = model.graph_kinds(top[4], grads)
@@ -300,31 +306,33 @@ def rank_peak(problem: Problem, saved: Iterable[str], setup: TrainingSetup | Non
     return RankPeak(top[0], top[1], sim.names[top[2]], _ordered(kinds))
 
 
-def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | None) -> RankCurve:
-    """The rank's memory at every position of the step, by kind (for reports), and its peak."""
+def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | None,
+               on_step: Callable[[Mapping[str, int]], None] | None = None) -> RankCurve:
+    """The rank's memory at every position of the step, by kind (for reports), and its peak, in
+    one simulation; ``on_step`` sees the graph's live buffers after each step, as
+    ``simulate_plan``'s does."""
     sim = simulator(problem)
     model = RankModel(problem, setup or TrainingSetup())
     graph: list[dict[K, int]] = []
     steps: list[tuple[str, int, int]] = []
-    grads_now: set[str] = set()
-    fresh = len(sim.size)
-    grad_ids = set(sim.grads)
+    grad_names: set[str] = set()
 
-    def on_step(live: Mapping[str, int]) -> None:
+    def split(live: Mapping[str, int]) -> None:
+        if on_step is not None:
+            on_step(live)
         out = {K.ACTIVATIONS: 0, K.TEMPORARIES: 0, K.GRADIENTS: 0}
+        if not grad_names:  # the simulation's gradient buffers (a gradient may be a view of another buffer)
+            grad_names.update(sim.buffer_names[b] for b in sim.grad_buffers)
         for name, nbytes in live.items():
             v = sim.ids[name[3:]] if name.startswith("bw:") else sim.ids[name]
-            if v in grad_ids or (not name.startswith("bw:") and name in grads_now):
+            if name in grad_names:
                 out[K.GRADIENTS] += nbytes
             else:
                 out[K.TEMPORARIES if sim.role[v] is Role.BACKWARD else K.ACTIVATIONS] += nbytes
         graph.append(out)
 
-    for g in sim.grads:  # gradients that share a forward-side storage keep its name
-        if sim.sid[g] < fresh and not sim.is_view[g]:
-            grads_now.add(sim.storage_names[sim.sid[g]])
     hook = model.hook if setup is not None else None
-    sim._simulate(saved, steps, on_step, hook)
+    top, grad_buffers = sim._simulate(saved, steps, split, hook)
     n_fw = sum(1 for ph, _, _ in steps if ph == "forward")
     resident: list[dict[K, int]] = []
     if setup is not None and model.last is not None:
@@ -332,7 +340,7 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
         resident = [_at(fw, i) for i in range(n_fw)] + [_at(bw, i) for i in range(len(steps) - n_fw)]
     by_kind = {k: tuple(g.get(k, 0) + (resident[i].get(k, 0) if resident else 0)
                         for i, g in enumerate(graph)) for k in K}
-    peak = rank_peak(problem, saved, setup)
+    peak = _peak_of(sim, model, setup, top, grad_buffers)
     return RankCurve(tuple((ph, sim.names[v]) for ph, v, _ in steps), by_kind, peak)
 
 

@@ -64,7 +64,10 @@ def test_page_is_self_contained(tiny_run):
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', markup)
     data = embedded_data(html)
     ids = [f["id"] for f in data["figures"]]
-    assert ids == ["fig-pareto", "fig-memory-0", "fig-memory-1", "fig-memory-2", "fig-solve"]
+    kinds = [i for i in ids if i.startswith("fig-kinds-")]  # memory by kind: one per distinct plan
+    assert [i for i in ids if i not in kinds] == ["fig-pareto", "fig-memory-0", "fig-memory-1", "fig-memory-2",
+                                                   "fig-solve"]
+    assert len(kinds) == len(data["curves"])
     for fid in ids:
         assert f'id="{fid}"' in html
 
@@ -151,9 +154,19 @@ def _count_simulations(monkeypatch) -> list:
             seen.append(frozenset(saved))
         return original(problem, saved, on_step)
 
+    import solvers.rank_memory as rank_memory
+    original_rank = rank_memory.rank_curve
+
+    def counting_rank(problem, saved, setup, on_step=None):  # a curve split by kind: one simulation too
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
+            seen.append(frozenset(saved))
+        return original_rank(problem, saved, setup, on_step)
+
     for module in list(sys.modules.values()):
         if getattr(module, "simulate_plan", None) is original:
             monkeypatch.setattr(module, "simulate_plan", counting)
+        if getattr(module, "rank_curve", None) is original_rank:
+            monkeypatch.setattr(module, "rank_curve", counting_rank)
     return seen
 
 

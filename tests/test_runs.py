@@ -104,9 +104,19 @@ def test_a_run_simulates_each_plan_once_and_reads_results_once(tmp_path, monkeyp
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs" / "mlp.yaml", [f"output.dir={tmp_path / 'out'}"])
     work = materialize(cfg)
+    import solvers.rank_memory as rank_memory
+    original_rank = rank_memory.rank_curve
+
+    def counting_rank(problem, saved, setup, on_step=None):  # a curve split by kind: one simulation too
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
+            simulated[frozenset(saved)] += 1
+        return original_rank(problem, saved, setup, on_step)
+
     for module in list(sys.modules.values()):
         if getattr(module, "simulate_plan", None) is original:
             monkeypatch.setattr(module, "simulate_plan", counting)
+        if getattr(module, "rank_curve", None) is original_rank:
+            monkeypatch.setattr(module, "rank_curve", counting_rank)
     reads: list = []
     real_read_text, real_read_bytes = pathlib.Path.read_text, pathlib.Path.read_bytes
 

@@ -139,8 +139,10 @@ class DeviceSpec(_Section):
 
 
 class PeakBudget(_Section):
-    """Bytes of the whole step's live peak, optionally with saved bytes."""
-    peak: Scalar
+    """Bytes of the whole step's live peak, or of the device (``device``: the rank's whole memory,
+    as the ``training`` section says), optionally with saved bytes."""
+    peak: Scalar | None = None
+    device: Scalar | None = None
     saved: Scalar | None = None
     count_gradients: bool = True  # false: the peak without gradients (kept between steps)
 
@@ -181,6 +183,7 @@ class RunSpec(_Section):
     costs: Literal["roofline", "profile"] = "roofline"  # the device profile's estimate, or timed here
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (as partitioner())
     count_input_bytes: bool = False  # graph inputs count as saved bytes (as partitioner())
+    training: dict[str, Any] | None = None  # how the step is trained (solvers.training), for device budgets
     device: Annotated[Union[Annotated[DeviceSpec, Tag("mapping")],
                             Annotated[Literal["h100", "a100", "v100", "cpu"], Tag("name")]],
                       _by_kind("name", str)] = "h100"
@@ -212,6 +215,7 @@ class BudgetSpec:
     index: int
     peak: int | None = None  # bytes of the step's peak, for a peak budget
     count_gradients: bool = True
+    device: int | None = None  # bytes of the device, for a device budget
 
     @property
     def saved_raw(self) -> int | float | str | None:
@@ -299,7 +303,7 @@ class Config:
             if isinstance(b, PeakBudget):
                 raw: Any = b.model_dump(exclude_unset=True)
                 out.append(BudgetSpec(raw, parse_budget(b.saved), budget_label(raw), i, _peak_bytes(b.peak),
-                                      b.count_gradients))
+                                      b.count_gradients, _peak_bytes(b.device)))
             else:
                 out.append(BudgetSpec(b, parse_budget(b), budget_label(b), i))
         return out
@@ -331,12 +335,16 @@ class Config:
 
 def budget_label(raw: Any) -> str:
     if isinstance(raw, dict):
+        if raw.get("device") is not None:
+            return f"device {raw['device']}" + (f" + {raw['saved']}" if raw.get("saved") is not None else "")
         return (f"peak {raw['peak']}" + (" (no grads)" if raw.get("count_gradients") is False else "")
                 + (f" + {raw['saved']}" if raw.get("saved") is not None else ""))
     return str(raw)
 
 
 def _peak_bytes(raw: Any) -> int | None:
+    if raw is None:
+        return None
     parsed = parse_budget(raw)
     return None if isinstance(parsed, Fraction) else parsed
 

@@ -32,7 +32,7 @@ _KINDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": 
 _TAG_KINDS = {"mapping": "a mapping", "name": "a string", "value": "a number or a string"}
 _HINTS = {
     "model": ": expected model: {factory: 'module:callable', kwargs: {...}, inputs: [...]} or {graph: PATH}",
-    "budgets": ": expected a list of fractions (0.5) or bytes ('2MiB')",
+    "budgets": ": expected a list of fractions (0.5), bytes ('2MiB'), {peak: BYTES} or {device: BYTES}",
     "solvers": ": expected a list of solver names or {name: ..., options}",
     "factory": ": expected 'module:callable' (e.g. opt_remat.models:gpt2) or graph: PATH",
     "name": ": expected the solver's name",
@@ -123,6 +123,7 @@ def check(cfg: Config, modes: Collection[str] | None = None) -> None:
     """Raise the first ConfigError of a typed configuration, naming its field and line. A solver's
     options must apply under one of ``modes`` (default: the modes of the config's budgets)."""
     _check_budgets(cfg)
+    _check_training(cfg)
     _check_solvers(cfg, run_modes(cfg) if modes is None else modes)
     capture = cfg.data.get("capture", {})  # as written: an explicit key contradicts, a default does not
     if capture.get("compiler") == "inductor" and capture.get("decompositions") == "none":
@@ -137,10 +138,21 @@ def check(cfg: Config, modes: Collection[str] | None = None) -> None:
         _check_factory(cfg)
 
 
+def _check_training(cfg: Config) -> None:
+    """The ``training:`` section as ``make_request`` reads it; the error names its key."""
+    try:
+        make_request(training=cfg.spec.training)
+    except RequestError as exc:
+        raise cfg.error(tuple(exc.field.split(".")), str(exc).split(": ", 1)[-1]) from None
+
+
 def _check_budgets(cfg: Config) -> None:
     for i, entry in enumerate(cfg.spec.budgets):
-        parts = [(("budgets", i, "peak"), entry.peak), (("budgets", i, "saved"), entry.saved)] \
-            if isinstance(entry, PeakBudget) else [(("budgets", i), entry)]
+        parts = [(("budgets", i, "peak"), entry.peak), (("budgets", i, "device"), entry.device),
+                 (("budgets", i, "saved"), entry.saved)] if isinstance(entry, PeakBudget) else [(("budgets", i), entry)]
+        if isinstance(entry, PeakBudget) and (entry.peak is None) == (entry.device is None):
+            raise cfg.error(("budgets", i), "expected one of 'peak' (the graph's step peak) or 'device' (the "
+                                            "device's memory, e.g. {device: 80GiB}) in a budget mapping")
         for where, raw in parts:
             if raw is None:
                 continue
@@ -148,8 +160,8 @@ def _check_budgets(cfg: Config) -> None:
                 parsed = parse_budget(raw)
             except ValueError as exc:
                 raise cfg.error(where, str(exc)) from None
-            if where[-1] == "peak" and isinstance(parsed, Fraction):
-                raise cfg.error(where, f"a peak budget is bytes (e.g. '700KiB' or 716800), not a "
+            if where[-1] in ("peak", "device") and isinstance(parsed, Fraction):
+                raise cfg.error(where, f"a {where[-1]} budget is bytes (e.g. '700KiB' or 716800), not a "
                                        f"fraction: got {raw}")
             if isinstance(raw, int) and raw < 1024:
                 raise cfg.error(where, f"{raw} would be {raw} bytes: write a fraction as a float "
@@ -162,7 +174,7 @@ def _check_budgets(cfg: Config) -> None:
 
 def run_modes(cfg: Config) -> list[str]:
     """The solve modes of the config's budgets: saved bytes, peak, or both."""
-    kinds = {catalog.PEAK if b.peak is not None else catalog.SAVED for b in cfg.budgets}
+    kinds = {catalog.PEAK if b.peak is not None or b.device is not None else catalog.SAVED for b in cfg.budgets}
     return [m for m in catalog.MODES if m in kinds]
 
 

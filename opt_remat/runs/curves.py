@@ -4,7 +4,10 @@ the plan's record (``Record.curve``, results.json) and read by every report (the
 
 A curve holds, per step, the value computed there, the live bytes after it, the phase and the
 largest live buffers. ``live`` maps a kind of bytes to its series; ``"total"`` is every live
-buffer, and further kinds (activations, gradients, ...) go beside it under their own names.
+buffer, and the kinds of ``solvers.memory_kinds.MemoryKind`` that are ever non-zero go beside it
+under their names (activations, temporaries, gradients; under a training set-up also what the rank
+holds besides the graph: sharded and gathered parameters, optimizer state, ...), from the same
+simulation (``solvers.rank_memory.rank_curve``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from solvers import Problem
-from solvers.liveness import simulate_plan
+from solvers.memory_kinds import MemoryKind
 from solvers.problem import Node, Role
+from solvers.rank_memory import rank_curve
+from solvers.training import TrainingSetup
 
 TOP_LIVE = 6  # the largest live buffers a hover names; the others are counted
 # what a live buffer holds: an activation of the forward, a value saved for the backward, a value
@@ -47,6 +52,19 @@ class Curve:
         return max(self.live[TOTAL], default=0)
 
     @property
+    def kinds(self) -> list[str]:
+        """The kinds of memory the curve splits its total into (``MemoryKind`` values, in order)."""
+        return [k.value for k in MemoryKind if k.value in self.live]
+
+    def peak_by_kind(self) -> dict[str, int]:
+        """The bytes of each kind at the (first) peak of the total."""
+        total = self.live[TOTAL]
+        if not total:
+            return {}
+        at = total.index(max(total))
+        return {k: self.live[k][at] for k in self.kinds}
+
+    @property
     def forward_steps(self) -> int:
         return self.phases.count("f")
 
@@ -64,31 +82,28 @@ class Curve:
                    extra={k: v for k, v in data.items() if k not in known})
 
 
-def step_curve(problem: Problem, saved: Iterable[str]) -> Curve:
-    """The step under a plan that saves ``saved``: the one simulation a report makes of a plan."""
+def step_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | None = None) -> Curve:
+    """The step under a plan that saves ``saved``: the one simulation a report makes of a plan.
+    ``setup``: the rank's whole memory as the step is trained (None: the graph's alone)."""
     snapshots: list[tuple[int, list[str]]] = []
 
     def on_step(live: Mapping[str, int]) -> None:
         snapshots.append((len(live), heapq.nlargest(TOP_LIVE, live, key=live.__getitem__)))
 
     saved_set = set(saved)
-    sim = simulate_plan(problem, saved_set, on_step)
+    rank = rank_curve(problem, saved_set, setup, on_step)
     index, by_name = problem.index, problem.by_name
     saved_storages = {by_name[v].storage_id for v in saved_set}
     grads = set(problem.backward_outputs)
     phases, top = [], []
-    for (phase, name, _), (_, buffers) in zip(sim.steps, snapshots):
+    for (phase, name), (_, buffers) in zip(rank.steps, snapshots):
         phases.append("f" if phase == "forward" else "b" if by_name[name].role is Role.BACKWARD else "r")
         top.append([[index[_value_of(b)], _tag(b, by_name, saved_storages, grads)] for b in buffers])
-    return Curve(values=[index[name] for _, name, _ in sim.steps], live={TOTAL: [b for _, _, b in sim.steps]},
+    series = {k.value: list(v) for k, v in rank.by_kind.items() if any(v)}
+    total = [sum(at) for at in zip(*series.values())] if series else [0] * len(rank.steps)
+    return Curve(values=[index[name] for _, name in rank.steps], live={TOTAL: total, **series},
                  phases="".join(phases), live_count=[n for n, _ in snapshots], top=top,
-                 peak_gradients=sim.peak_gradients)
-
-
-def plan_peaks(problem: Problem, saved: Iterable[str]) -> tuple[int, int]:
-    """A plan's step peak and the gradient bytes in it, for a plan file outside a run."""
-    sim = simulate_plan(problem, saved)
-    return sim.peak, sim.peak_gradients
+                 peak_gradients=rank.peak.by_kind.get(MemoryKind.GRADIENTS, 0))
 
 
 def _value_of(buffer: str) -> str:

@@ -27,6 +27,7 @@ from solvers import progress as solver_progress
 from .. import road
 from ..plan_memory import GraphKey, graph_key
 from ..request import DEFAULT_SOLVER, RequestError, SolveRequest, make_request
+from ..errors import DeviceBudgetError
 from ..solve import BudgetError, PeakBudgetError
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
@@ -79,12 +80,13 @@ def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | 
     name = solver if isinstance(solver, str) else solver.name
     opts = dict(options if options is not None else ({} if isinstance(solver, str) else solver.options))
     peak = None if budget is None else budget.peak
+    device = None if budget is None else budget.device
     raw = None if budget is None else budget.saved_raw
-    mode = catalog.PEAK if peak is not None else (catalog.FREE if raw is None else catalog.SAVED)
+    mode = catalog.PEAK if peak is not None or device is not None else (catalog.FREE if raw is None else catalog.SAVED)
     if name != TORCH_SOLVER and not catalog.info(name).supports(mode):
         return SolveResult(status="skipped", error=f"{name} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
                                                    f"that can: {', '.join(catalog.supporting(mode))})")
-    if name == TORCH_SOLVER and peak is not None:
+    if name == TORCH_SOLVER and (peak is not None or device is not None):
         return SolveResult(status="skipped", error="torch's partitioner has no peak budget (its "
                                                    "activation_memory_budget bounds saved bytes)")
     opts = {k: v for k, v in opts.items() if k not in catalog.not_applying(name, opts, mode)}
@@ -93,7 +95,7 @@ def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | 
         return make_request(None if name == DEFAULT_SOLVER else name, raw, peak_budget=peak,
                             count_gradients=True if budget is None else budget.count_gradients, options=opts,
                             device=base.profile, costs=base.costs, rng_replay=base.rng_replay,
-                            count_input_bytes=base.count_input_bytes)
+                            count_input_bytes=base.count_input_bytes, device_memory=device, training=base.training)
     except RequestError as exc:  # the config's checks refuse these first: a pair that slipped through
         return SolveResult(status="error", error=str(exc))
 
@@ -119,6 +121,8 @@ def _solve_recorded(make_plan: Callable[[], Plan]) -> SolveResult:
             out = SolveResult(status="infeasible", error=str(exc), min_feasible_bytes=exc.min_feasible_bytes)
         except PeakBudgetError as exc:
             out = SolveResult(status="infeasible", error=str(exc), min_peak_bytes=exc.min_peak)
+        except DeviceBudgetError as exc:  # the rank's states alone leave no room: no plan to search for
+            out = SolveResult(status="infeasible", error=str(exc))
         except Exception as exc:
             out = SolveResult(status="error", error=first_line(exc), traceback=traceback.format_exc(limit=5))
     out.wall_s = time.perf_counter() - start
@@ -150,7 +154,7 @@ def _solve_here(work: Workload, pair: Pair) -> SolveResult:
 
 def memory_key(work: Workload, pair: Pair | None = None) -> GraphKey | None:
     """The key plans of this graph are remembered by, for a peak-budget pair (else None)."""
-    if pair is not None and pair.budget.peak is None:
+    if pair is not None and pair.budget.peak is None and pair.budget.device is None:
         return None
     return graph_key(work.values, work.graph_id)
 

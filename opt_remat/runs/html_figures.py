@@ -11,6 +11,7 @@ from solvers.budget import byte_axis, format_bytes, format_seconds, time_axis
 
 from .curves import Curve
 from .html_data import PlanView, RunReport
+from .html_kinds import kind_figures
 from .plots import MIP_SOLVERS
 from .results import Record, verified_text
 
@@ -33,7 +34,8 @@ def solver_colors(records: Sequence[Record]) -> dict[str, str]:
 def figures(report: RunReport) -> list[dict[str, Any]]:
     """Every figure of the page: ``{id, title, data, layout}`` each, in page order."""
     colors = solver_colors(report.records)
-    return [pareto_figure(report, colors), *memory_figures(report, colors), solve_time_figure(report, colors)]
+    return [pareto_figure(report, colors), *memory_figures(report, colors), *kind_figures(report),
+            solve_time_figure(report, colors)]
 
 
 def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
@@ -131,8 +133,12 @@ def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, 
                            "line": {"color": color, "dash": "dot", "width": 1}})
         budget_bytes = views[0].record.budget_bytes
         peak_budget = views[0].record.peak_budget
+        device = views[0].record.device_memory
         limits = [f"saved ≤ {format_bytes(budget_bytes)}"] if budget_bytes is not None else []
-        if peak_budget is not None:
+        if device is not None:  # a device budget: the curves are the rank's whole memory
+            peak_budget = device
+            limits.insert(0, f"device {format_bytes(device)}")
+        elif peak_budget is not None:
             limits.insert(0, f"step peak ≤ {format_bytes(peak_budget)}")
             shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": peak_budget / scale,
                            "y1": peak_budget / scale, "line": {"color": "red", "dash": "dash", "width": 1}})

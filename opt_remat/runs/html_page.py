@@ -150,13 +150,15 @@ def page_html(report: RunReport) -> str:
         info.append(f"compiler {fp['compiler']}")
     memory_divs = "".join(f'<div class="fig" id="{f["id"]}"></div>' for f in data["figures"]
                           if f["id"].startswith("fig-memory-"))
+    kind_divs = "".join(f'<div class="fig" id="{f["id"]}"></div>' for f in data["figures"]
+                        if f["id"].startswith("fig-kinds-"))
     missing = (f'<p class="note">Plan files that could not be read (left out): {_esc(", ".join(report.missing))}</p>'
                if report.missing else "")
     tags = ", ".join(f"{k} {v}" for k, v in TAGS.items())
     body = f"""
 <h1>{_esc(report.title)}</h1>
 <p class="info">{_esc(" · ".join(info))}</p>
-<nav><a href="#plans">plans</a><a href="#pareto">Pareto</a><a href="#memory">live memory</a>
+<nav><a href="#plans">plans</a><a href="#pareto">Pareto</a><a href="#memory">live memory</a><a href="#kinds">by kind</a>
 <a href="#breakdown">saved and recomputed</a><a href="#solve">solve times</a></nav>
 <div id="errors"></div>
 <h2 id="plans">Plans and their checks</h2>
@@ -168,6 +170,11 @@ def page_html(report: RunReport) -> str:
 <p class="note">Hover a point: the op computed at that step, its module, and the {TOP_LIVE} largest buffers live
 then ({_esc(tags)}). Small markers: values recomputed in the backward; the large one: the peak.</p>
 {memory_divs}
+<h2 id="kinds">Memory by kind over the step (simulated)</h2>
+<p class="note">Each plan's live bytes stacked by kind: the graph's activations, backward temporaries and
+gradients; with a <code>training</code> set-up also the rank's parameters, gradient shards, optimizer
+state and FSDP's buffers. Dashed red: the device's memory, for a device budget.</p>
+{kind_divs}
 <h2 id="breakdown">What each plan saves and recomputes</h2>
 {breakdown_section(report)}
 <h2 id="solve">Solve times and gaps</h2>

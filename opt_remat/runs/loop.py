@@ -12,6 +12,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from solvers.training import TrainingSetup
+
+from ..request import ONE_DEVICE
 from .config import BudgetSpec, Config, SolverSpec
 from .curves import Curve, step_curve
 from .execute import Pair, SolveResult, solve_all
@@ -97,9 +100,20 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
     return RunSummary(store.dir, ordered, len(pending), reused, failed_verification(ordered))
 
 
-def tightest_first(budget: BudgetSpec) -> tuple[bool, int]:
-    """The budgets without a peak in their order, then the peak budgets by their peak."""
-    return (budget.peak is not None, budget.peak or 0)
+def tightest_first(budget: BudgetSpec) -> tuple[int, int]:
+    """The budgets without a peak in their order, then the peak budgets by their peak, then the
+    device budgets by the device's bytes."""
+    if budget.device is not None:
+        return (2, budget.device)
+    return (int(budget.peak is not None), budget.peak or 0)
+
+
+def curve_setup(cfg: Config, work: Workload) -> TrainingSetup | None:
+    """The set-up every plan's curve counts the rank's memory under (one for the run, so that
+    curves compare): the ``training`` section, else one device where a budget is a device's."""
+    if work.request.training is not None:
+        return work.request.training
+    return ONE_DEVICE if any(b.device is not None for b in cfg.budgets) else None
 
 
 def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budget_bytes: int | None,
@@ -107,7 +121,7 @@ def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budge
     """A pair's record: its plan's figures and simulated step (``curves``: the run's, by saved
     values), its plan file, and its checks (or why there is no plan)."""
     rec = Record(budget=b.label, solver=s.label, solver_name=s.name, options=dict(s.options), budget_raw=b.raw,
-                 budget_bytes=budget_bytes, peak_budget=b.peak, solve_time_s=result.wall_s)
+                 budget_bytes=budget_bytes, peak_budget=b.peak, device_memory=b.device, solve_time_s=result.wall_s)
     plan = result.plan
     if plan is None:
         rec.status, rec.error = result.status, result.error
@@ -118,15 +132,16 @@ def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budge
     key = frozenset(plan.saved)
     curve = curves.get(key)
     if curve is None:
-        curve = curves[key] = step_curve(work.problem, plan.saved)
+        curve = curves[key] = step_curve(work.problem, plan.saved, curve_setup(cfg, work))
     rec.status, rec.saved_bytes, rec.recompute_cost = plan.status.value, plan.saved_bytes, plan.recompute_cost
     rec.objective, rec.bound, rec.gap, rec.solve_time_s = plan.objective, plan.bound, plan.gap, plan.solve_time_s
     rec.n_saved, rec.n_recomputed, rec.message = len(plan.saved), len(plan.recomputed), plan.message
     rec.curve, rec.peak_bytes, rec.peak_gradient_bytes = curve, curve.peak, curve.peak_gradients
+    rec.peak_by_kind = curve.peak_by_kind()
     rec.extra, rec.warnings = jsonable(dict(plan.extra or {})), list(result.warnings)
     rec.plan_file = str(plan_file.relative_to(out_dir))
     write_plan(plan_file, cfg, [work], [plan], [(curve.peak, curve.peak_gradients)], budget_spec=b.raw,
-               peak_budget=b.peak)
+               peak_budget=b.peak, device_memory=b.device, peak_by_kind=rec.peak_by_kind)
 
     start = time.perf_counter()
     if cfg.measure_memory and work.prepared is not None:

@@ -13,7 +13,9 @@ from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
 from .config import Config
-from .curves import plan_peaks
+from solvers.training import TrainingSetup
+
+from .curves import step_curve
 from .util import jsonable, write_atomic
 from .workload import Workload
 
@@ -31,11 +33,17 @@ def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
     return nodes
 
 
-def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None, **extra: Any) -> dict[str, Any]:
+def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None,
+               setup: TrainingSetup | None = None, **extra: Any) -> dict[str, Any]:
     """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints. ``peaks``:
-    the step's peak and its gradient bytes, as the run simulated them (simulated here if not given)."""
+    the step's peak and its gradient bytes, as the run simulated them (else simulated here, the
+    rank's whole memory under ``setup``, with the peak by kind)."""
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
-    entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks or plan_peaks(work.problem, plan.saved)
+    if peaks is None:
+        curve = step_curve(work.problem, plan.saved, setup)
+        peaks = (curve.peak, curve.peak_gradients)
+        entry["peak_by_kind"] = curve.peak_by_kind()
+    entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry
@@ -66,10 +74,12 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
 
 
 def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan],
-               peaks: Sequence[tuple[int, int]] | None = None, **extra: Any) -> None:
+               peaks: Sequence[tuple[int, int]] | None = None, setup: TrainingSetup | None = None,
+               **extra: Any) -> None:
     """A plan file holding one plan per captured graph (``extra`` goes into each entry; ``peaks``
-    as ``plan_entry`` takes them, one per plan)."""
-    entries = [plan_entry(w, p, peaks[i] if peaks else None, **extra) for i, (w, p) in enumerate(zip(works, plans))]
+    and ``setup`` as ``plan_entry`` takes them, one peak per plan)."""
+    entries = [plan_entry(w, p, peaks[i] if peaks else None, setup, **extra)
+               for i, (w, p) in enumerate(zip(works, plans))]
     doc = plan_document(entries, {**made_for(cfg, works[0]), "apply": apply_hint(cfg, path),
                                   "versions": versions()})
     write_atomic(path, json.dumps(jsonable(doc), indent=1) + "\n")

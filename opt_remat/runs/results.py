@@ -32,7 +32,8 @@ RESULTS_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
-    "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "measured_saved_bytes", "peak_budget", "device_memory", "peak_bytes", "peak_gradient_bytes",
+    "peak_by_kind", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
     "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
 ]
@@ -48,6 +49,7 @@ class Record:
     budget_raw: Any = None  # as written: a fraction, bytes, or a peak budget's mapping
     budget_bytes: int | None = None  # saved bytes the budget allows
     peak_budget: int | None = None  # bytes of the step's peak the budget allows
+    device_memory: int | None = None  # bytes of the device, for a device budget
     status: str = "error"  # optimal, feasible, infeasible, skipped, error (, a solver's own)
     error: str | None = None
     min_feasible_bytes: int | None = None  # for an infeasible saved-bytes budget
@@ -63,6 +65,8 @@ class Record:
     n_recomputed: int | None = None
     peak_bytes: int | None = None  # the whole step's simulated peak ...
     peak_gradient_bytes: int | None = None  # ... and how much of it is gradients
+    # ... split by kind (``MemoryKind`` values; with a training set-up, the rank's whole memory)
+    peak_by_kind: dict[str, int] = field(default_factory=dict)
     curve: Curve | None = None  # the step's live memory, step by step (peak_bytes is its peak)
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
@@ -119,9 +123,12 @@ def options_key(options: dict[str, Any]) -> str:
 
 def fingerprint(cfg: Config, graph_hash: str, nodes: int, profile: Any) -> dict[str, Any]:
     """What results depend on besides the pair: a rerun resumes only when these agree."""
-    return {"graph_hash": graph_hash, "graph_nodes": nodes,
-            "compiler": None if cfg.is_graph else cfg.compiler,
-            "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
+    out = {"graph_hash": graph_hash, "graph_nodes": nodes,
+           "compiler": None if cfg.is_graph else cfg.compiler,
+           "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
+    if cfg.spec.training is not None:  # only then: runs without one resume as before
+        out["training"] = jsonable(cfg.spec.training)
+    return out
 
 
 class ResultsError(OptRematError, ValueError):
@@ -244,6 +251,7 @@ def csv_text(records: Sequence[Record]) -> str:
     for rec in records:
         row = rec.to_json()
         row["options"] = json.dumps(jsonable(rec.options), sort_keys=True)
+        row["peak_by_kind"] = json.dumps(rec.peak_by_kind) if rec.peak_by_kind else None
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
     return buf.getvalue()
 
@@ -261,6 +269,8 @@ def verified_text(rec: Record, *, notes: bool = True) -> str:
 
 def budget_bytes_text(rec: Record, unit: str | None = None) -> str:
     saved = format_bytes(rec.budget_bytes, unit) if rec.budget_bytes is not None else ""
+    if rec.device_memory is not None:
+        return f"device {format_bytes(rec.device_memory, unit)}" + (f", saved {saved}" if saved else "")
     if rec.peak_budget is None:
         return saved or "-"
     return f"peak {format_bytes(rec.peak_budget, unit)}" + (f", saved {saved}" if saved else "")

@@ -35,6 +35,13 @@ def made_for_lines(made_for: dict[str, Any]) -> list[str]:
     return lines
 
 
+def kinds_text(by_kind: dict[str, int]) -> str:
+    """A peak's bytes by kind, largest first, in one unit: ``activations 40.1 GiB, ...``."""
+    kinds = sorted(((v, k) for k, v in by_kind.items() if v), reverse=True)
+    unit = column_unit(v for v, _ in kinds)
+    return ", ".join(f"{k} {format_bytes(v, unit)}" for v, k in kinds)
+
+
 def show_graph(doc: dict[str, Any], names: bool) -> None:
     nodes: dict[str, dict[str, Any]] = doc.get("nodes") or {}
     gap = doc.get("gap")
@@ -50,7 +57,11 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
         print(f"  step peak          : {format_bytes(doc['peak_bytes'])} predicted"
               + (f", of it gradients {format_bytes(doc['peak_gradient_bytes'])}"
                  if doc.get("peak_gradient_bytes") else "")
-              + (f" (peak budget {format_bytes(doc['peak_budget'])})" if doc.get("peak_budget") else ""))
+              + (f" (peak budget {format_bytes(doc['peak_budget'])})" if doc.get("peak_budget") else "")
+              + (f" (device {format_bytes(doc['device_memory'])})" if doc.get("device_memory") else ""))
+        kinds = kinds_text(doc.get("peak_by_kind") or {})
+        if kinds:
+            print(f"  peak by kind       : {kinds}")
     print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
           f"{format_seconds(doc.get('recompute_cost'))}")
     if doc.get("message"):

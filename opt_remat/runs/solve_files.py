@@ -14,7 +14,7 @@ from ..report import describe_plan
 from ..solve import SolveInterrupted
 from .config import Config
 from .execute import solve_one
-from .loop import tightest_first
+from .loop import curve_setup, tightest_first
 from .plan_files import write_plan
 from .progress import Display, terminal_mode
 from .util import SolveRefused
@@ -44,12 +44,14 @@ def solve_to_files(cfg: Config, works: Sequence[Workload], name: str, label: str
                     raise SolveRefused(f"{which}: {exc}") from None
                 except SolveInterrupted as exc:
                     if exc.plan is not None and len(plans) == len(works) - 1:
-                        write_plan(path, cfg, works, [*plans, exc.plan], budget_spec=spec.raw, peak_budget=spec.peak)
+                        write_plan(path, cfg, works, [*plans, exc.plan], setup=curve_setup(cfg, works[0]),
+                                   budget_spec=spec.raw, peak_budget=spec.peak, device_memory=spec.device)
                         written.append(path)
                     raise
                 plans.append(plan)
                 display.finished(f"== {which}\n{describe_plan(work.problem, plan)}")
-            write_plan(path, cfg, works, plans, budget_spec=spec.raw, peak_budget=spec.peak)
+            write_plan(path, cfg, works, plans, setup=curve_setup(cfg, works[0]), budget_spec=spec.raw,
+                       peak_budget=spec.peak, device_memory=spec.device)
             written.append(path)
             graphs = ", ".join(f"{w.graph_id}: {len(w.problem.nodes)} nodes" for w in works)
             display.message(f"plan for {len(works)} graph(s) ({graphs}) written to {path}")

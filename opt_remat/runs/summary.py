@@ -38,7 +38,8 @@ def summary_table(records: Sequence[Record]) -> str:
     """One row per pair, the budget written once per group; notes (errors, checks) below. Each
     column of bytes is in one unit (saved and measured share theirs)."""
     from ..report import table
-    units = {"bytes": column_unit([r.budget_bytes for r in records] + [r.peak_budget for r in records]),
+    units = {"bytes": column_unit([r.budget_bytes for r in records] + [r.peak_budget for r in records]
+                                  + [r.device_memory for r in records]),
              "saved": column_unit([r.saved_bytes for r in records] + [r.measured_saved_bytes for r in records]),
              "peak": column_unit(r.peak_bytes for r in records),
              "grads": column_unit(r.peak_gradient_bytes for r in records)}
@@ -67,6 +68,22 @@ def summary_table(records: Sequence[Record]) -> str:
         return "(no results)"
     notes = [f"  * budget {r.budget} {r.solver}: {r.note}" for r in records if r.note]
     return table(rows, list(rows[0])) + ("\n" + "\n".join(notes) if notes else "")
+
+
+def kinds_table(records: Sequence[Record]) -> str:
+    """Each plan's step peak split by kind (``Record.peak_by_kind``), a column per kind any plan
+    has, in one unit; "" when no record has a split."""
+    from solvers.memory_kinds import MemoryKind
+
+    from ..report import table
+    with_kinds = [r for r in records if r.peak_by_kind]
+    kinds = [k.value for k in MemoryKind if any(r.peak_by_kind.get(k.value) for r in with_kinds)]
+    if not kinds:
+        return ""
+    unit = column_unit(v for r in with_kinds for v in [r.peak_bytes, *r.peak_by_kind.values()])
+    rows = [{"budget": r.budget, "solver": r.solver, "step peak": format_bytes(r.peak_bytes, unit),
+             **{k: format_bytes(r.peak_by_kind.get(k, 0), unit) for k in kinds}} for r in with_kinds]
+    return "step peak by kind\n" + table(rows, list(rows[0]))
 
 
 def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b: str, *,
@@ -165,6 +182,9 @@ def write_reports(cfg: Config, work: Workload, run: LoadedRun) -> str:
         from .html_report import write_html_report
         write_html_report(run, work.problem)
     table = summary_table(records)
+    kinds = kinds_table(records)
+    if kinds:
+        table += "\n\n" + kinds
     if cfg.spec.costs == "profile" and work.prepared is not None:  # both estimates, per op kind
         table += "\n\nrecompute costs per op kind (costs: profile)\n" + _cost_comparison(work)
     if "table" in cfg.formats:
