@@ -26,7 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._ordered_set import OrderedSet
 
 from .errors import Unsupported
-from .extract import impurity, kept_nodes
+from .graph_rules import impurity, kept_nodes
 from .rng_replay import insert_rng_states
 
 
