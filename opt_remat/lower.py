@@ -1,9 +1,10 @@
 """Stage 4: a plan becomes the forward and backward GraphModules that AOTAutograd runs.
 
 ``opt_remat.extract`` makes them in one copy of each graph; where it does not apply (see
-``extract.unsupported``), or with ``fast=False``, this uses torch's own extraction (``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints,
-as the forward's extra outputs in the order AOTAutograd expects) and torch's reordering of the
-backward, which places each recomputed value just before its first use so it is not alive longer
+``extract.unsupported``), or with ``fast=False``, this uses torch's own extraction
+(``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints, as the forward's extra
+outputs in the order AOTAutograd expects) and torch's reordering of the backward, which places each
+recomputed value just before its first use so it is not alive longer
 than needed.
 """
 

@@ -28,7 +28,8 @@ def default_loss(out: Any) -> torch.Tensor:
 
 
 def training_step(model: torch.nn.Module, inputs: Sequence[Any], backend: Any, *, seed: int = 0,
-                  loss_fn: Callable[[Any], torch.Tensor] = default_loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  loss_fn: Callable[[Any], torch.Tensor] = default_loss
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One forward+backward of a copy of ``model`` compiled with ``backend``: (loss, grads)."""
     model = copy.deepcopy(model)
     compiled = torch.compile(model, backend=backend, fullgraph=False)

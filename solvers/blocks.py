@@ -296,7 +296,8 @@ def graph_boundaries(problem: Problem) -> tuple[list[str], str]:
     # than the residual stream); widen until the boundaries spread over the forward
     forward_pos = {n.name: i for i, n in enumerate(fwd)}
     for widest in NARROW_CUT_WIDTHS:
-        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0) if problem.can_save(v) and v != loss]
+        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0)
+                  if problem.can_save(v) and v != loss]
         points = [0] + sorted(forward_pos[v] for v in narrow) + [len(fwd)]
         if len(narrow) > 1 and max(b - a for a, b in zip(points, points[1:])) <= len(fwd) // 2:
             return narrow, "narrow cuts"

@@ -36,7 +36,8 @@ class BudgetInfeasibleError(InfeasibleError):
         if min_feasible_bytes is None:
             detail = "the smallest feasible saved bytes could not be determined in the time limit"
         elif proven:
-            detail = f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
+            detail = (f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} "
+                      f"({min_feasible_bytes} bytes)")
         else:
             detail = (f"the smallest saved bytes found is {format_bytes(min_feasible_bytes)} "
                       "(not proven minimal within the time limit)")

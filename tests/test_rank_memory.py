@@ -23,7 +23,7 @@ from support.random_problems import random_problem
 from solvers.rank_memory import fsdp_units, rank_curve, rank_peak, with_rank_memory
 from solvers.training import TrainingSetup, TrainingSetupError, training_setup
 
-F, B, I = Role.FORWARD, Role.BACKWARD, Role.INPUT
+F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
 
 
 # ---- the set-up -------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def _two_blocks() -> Problem:
     """embed -> layers.0 -> layers.1 -> loss, and its backward; each block has a weight (64
     elements, first dimension 8), the embedding one of 10 elements (first dimension 5)."""
     nodes = [
-        Node("x", I), Node("we", I, bytes=40), Node("w0", I, bytes=256), Node("w1", I, bytes=256),
+        Node("x", IN), Node("we", IN, bytes=40), Node("w0", IN, bytes=256), Node("w1", IN, bytes=256),
         Node("e", F, ("x", "we"), bytes=100, module="embed"),
         Node("h0", F, ("e", "w0"), bytes=100, module="layers.0"),
         Node("h1", F, ("h0", "w1"), bytes=100, module="layers.1"),

@@ -58,7 +58,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, any_budget: 
         raise ConfigError(source, "", f"cannot read the configuration: {exc}") from None
     data, lines = load_yaml(text, source)
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}:1", "", f"expected a mapping with model, budgets and solvers, got {describe(data)}")
+        raise ConfigError(f"{source}:1", "",
+                          f"expected a mapping with model, budgets and solvers, got {describe(data)}")
     overridden = []
     for item in overrides:
         key, value = parse_override(item)

@@ -60,8 +60,9 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
            "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
     if not cfg.is_graph:
         out.update({"dtype": cfg.dtype, "inputs": inputs,
-                    "capture": {"compiler": cfg.compiler, "decompositions": cfg.decompositions if cfg.compiler == "eager"
-                                else "inductor", "meta": cfg.meta}})
+                    "capture": {"compiler": cfg.compiler,
+                                "decompositions": cfg.decompositions if cfg.compiler == "eager" else "inductor",
+                                "meta": cfg.meta}})
     return out
 
 

@@ -32,7 +32,8 @@ RESULTS_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
-    "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
+    "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective",
+    "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
     "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
 ]
@@ -153,7 +154,8 @@ def load_results(path: Path) -> ResultsFile:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ResultsError(f"{path.parent}: no results.json there (expected a folder written by opt-remat run)") from None
+        raise ResultsError(
+            f"{path.parent}: no results.json there (expected a folder written by opt-remat run)") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsError(f"{path}: cannot read it ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):

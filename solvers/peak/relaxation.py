@@ -30,8 +30,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
     """Least cost under the relaxation (and the saved-bytes ``budget``) by HiGHS, or by CP-SAT
     (``engine="cpsat"``: the same model, slower to prove on big graphs; the tests' cross-check;
     takes ``hint_saved``). ``fixed``: the program's variables pinned to these values (tests: a
-    true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows at those backward
-    steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
+    true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows
+    at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
     def extend(m, x) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
         if cuts is not None and cuts[1]:
