@@ -213,9 +213,10 @@ def _descend_peak(judge: Judge, st: SearchState) -> SearchState:
             if best is not st:
                 break
         if best is st:
-            best = _escape(judge, st, ESCAPE_WIDTH)
-            if best is None:
+            escaped = _escape(judge, st, ESCAPE_WIDTH)
+            if escaped is None:
                 break
+            best = escaped
         st = best
     return st
 
