@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     model = factory(layers=args.layers) if args.model in ("gpt2", "llama", "mlp") else factory()
     inputs = models.example_inputs(args.model, model, batch=args.batch)
     reference = training_step(model, inputs, save_all_backend("inductor"))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for solver in args.solvers:
         torch._dynamo.reset()
         be = opt_remat.backend(solver, args.budget, compiler="eager", decompositions="inductor",
@@ -63,7 +63,7 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             step = training_step(model, inputs, be)
         except Exception as exc:  # a baseline that cannot meet the budget: say so, go on
-            cause = exc
+            cause: BaseException | None = exc
             while cause is not None and not isinstance(cause, opt_remat.BudgetError):
                 cause = cause.__cause__ or getattr(cause, "inner_exception", None)
             if cause is None:
@@ -88,7 +88,7 @@ def _demo(args: argparse.Namespace) -> int:
     unit = column_unit(r.get(c) for r in rows for c in byte_columns)  # one unit for both columns
     for r in rows:
         r.update({c: format_bytes(r[c], unit) for c in byte_columns if c in r})
-    print(table(rows, list(max(rows, key=len))))
+    print(table(rows, list(max(rows, key=len).keys())))
     return 0
 
 

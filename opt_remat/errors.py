@@ -26,7 +26,7 @@ Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``, so n
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from solvers.budget import format_bytes
 from solvers.errors import OptRematError
@@ -113,7 +113,7 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-_PASSTHROUGH: dict[type, type] = {}
+_PASSTHROUGH: dict[type[BaseException], type[BaseException]] = {}
 
 
 def _passthrough(exc: BaseException) -> BaseException:
@@ -127,7 +127,7 @@ def _passthrough(exc: BaseException) -> BaseException:
         cls = type(base.__name__, (base, ShortenTraceback), {"__module__": base.__module__,
                                                            "__str__": lambda self: self.message})
         _PASSTHROUGH[base] = cls
-    new = cls.__new__(cls)
+    new: Any = cls.__new__(cls)
     new.__dict__.update(exc.__dict__)
     new.args = exc.args
     new.message = str(exc)

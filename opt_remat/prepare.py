@@ -178,7 +178,7 @@ def classify(joint_module: fx.GraphModule, num_fwd_outputs: int,
     unclaimed = OrderedSet(n for n in nodes if n not in required_fw and n not in required_bw)
     static = set(static_lifetime_input_indices or ())
     static_nodes = OrderedSet(p for i, p in enumerate(primals) if i in static)
-    fw_order = {}
+    fw_order: dict[fx.Node, int] = {}
     for node in nodes:
         if node in required_fw:
             fw_order[node] = len(fw_order)

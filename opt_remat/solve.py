@@ -53,6 +53,7 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
     candidates += remembered
     name = solver or catalog.DEFAULT
     plan: Plan | None = None
+    failure: PeakInfeasibleError | None
     try:  # the catalog says which solvers have a peak mode and which options they take there
         plan = solve_peak(problem, name, peak_budget, budget, typed_options(name, options, catalog.PEAK),
                           candidates=candidates, count_gradients=count_gradients)

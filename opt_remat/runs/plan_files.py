@@ -12,7 +12,7 @@ from solvers import Plan, Problem
 from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
-from .config import Config
+from .config import Config, FactoryModel
 from .curves import plan_peaks
 from .util import jsonable, write_atomic
 from .workload import Workload
@@ -80,6 +80,7 @@ def _model_desc(cfg: Config) -> dict[str, Any]:
     if cfg.is_graph:
         return {"graph": str(cfg.graph_path)}
     model = cfg.spec.model
+    assert isinstance(model, FactoryModel)  # not cfg.is_graph
     inputs = None if model.inputs is None else [i.model_dump(exclude_unset=True) for i in model.inputs]
     return {"factory": model.factory, "kwargs": dict(model.kwargs), "inputs": inputs,
             "compiler": cfg.compiler, "decompositions": cfg.decompositions, "dtype": cfg.dtype}

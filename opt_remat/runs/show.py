@@ -70,7 +70,7 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
             info = nodes.get(n, {})
             label = op_label(info.get("op", "?"), info.get("role", ""))
             groups[label].append(n)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for op, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             if metric == "bytes":  # each storage once; graph inputs are free unless counted
                 storages = {nodes.get(m, {}).get("storage", m): nodes.get(m, {}).get("storage_bytes",
