@@ -86,6 +86,18 @@ class PeakBudgetError(OptRematError, ValueError):
         super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 
+class RequestError(OptRematError, ValueError):
+    """A setting of a solve request that cannot be used; ``field`` names it (``opt_remat.request``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class OffloadError(OptRematError, ValueError):
+    """torch's offloading pass did not offload what the plan offloads (``opt_remat.offload``)."""
+
+
 class SolveInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a solve; ``plan`` is the best plan it had found (checked valid), or None."""
 

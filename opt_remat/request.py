@@ -17,6 +17,7 @@ from solvers.budget import Fraction, parse_budget
 from .formats.plan_file import read_plan_file
 
 from .costs import DeviceProfile, get_profile
+from .errors import RequestError
 from .options import TORCH_SOLVER, check_solver_options, possible_modes
 
 COSTS = ("roofline", "profile")
@@ -31,14 +32,6 @@ AUTO_LAM_FRACTION_OF_BANDWIDTH = 0.1
 def auto_lam(profile: DeviceProfile) -> float:
     """``lam="auto"`` on a device: the min-cut weight the default path uses."""
     return AUTO_LAM_FRACTION_OF_BANDWIDTH * profile.bandwidth
-
-
-class RequestError(ValueError):
-    """A setting of a solve request that cannot be used; ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,12 @@ class PeakInfeasibleError(InfeasibleError):
 
 class MIPTimeLimitError(OptRematError, TimeoutError):
     """The solver found no plan in its time limit and no warm-start plan fits the budget."""
+
+
+class TrainingSetupError(OptRematError, ValueError):
+    """A ``training:`` description that cannot be used, naming the field (``solvers.training``)."""
+
+
+class DeviceBudgetError(OptRematError, ValueError):
+    """The rank's states alone do not fit the device: says the breakdown and what would fit
+    (``solvers.device_budget``)."""

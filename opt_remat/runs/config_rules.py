@@ -21,7 +21,8 @@ from solvers import catalog
 from solvers.budget import Fraction, parse_budget
 
 from ..options import describe
-from ..request import DEFAULT_SOLVER, RequestError, make_request
+from ..errors import RequestError
+from ..request import DEFAULT_SOLVER, make_request
 from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec
 from .yaml_lines import apply_override, load_yaml, parse_override
 

@@ -26,7 +26,8 @@ from solvers import progress as solver_progress
 
 from .. import road
 from ..plan_memory import GraphKey, graph_key
-from ..request import DEFAULT_SOLVER, RequestError, SolveRequest, make_request
+from ..errors import RequestError
+from ..request import DEFAULT_SOLVER, SolveRequest, make_request
 from ..solve import BudgetError, PeakBudgetError
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
