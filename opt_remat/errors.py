@@ -73,16 +73,23 @@ class BudgetError(OptRematError, ValueError):
 class PeakBudgetError(OptRematError, ValueError):
     """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
 
-    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None) -> None:
+    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None, *,
+                 further: str | None = None) -> None:
+        """``further``: a solver that searches further than the one that failed, suggested unless
+        the smallest peak found is already the floor."""
         self.peak_budget = peak_budget
         self.min_peak = min_peak
         self.floor = floor
-        found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
-                 f"peak_budget to at least {min_peak} bytes" if min_peak is not None
-                 else "no valid plan was found at all (check bans and must-recompute tags)")
-        if floor is not None and min_peak is not None:
-            found += (" (it is the smallest possible)" if floor == min_peak else
-                      f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
+        if min_peak is None:
+            found = "no valid plan was found at all (check bans and must-recompute tags)"
+        elif floor == min_peak:
+            found = (f"no plan can peak below {format_bytes(floor)} ({floor} bytes), the peak of the plan "
+                     f"found; raise peak_budget to at least {min_peak} bytes")
+        else:
+            found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes)"
+                     + (f" and no plan can peak below {format_bytes(floor)} ({floor} bytes)" if floor else "")
+                     + f"; raise peak_budget to at least {min_peak} bytes"
+                     + (f" or try solver '{further}', which searches further" if further else ""))
         super().__init__(f"peak_budget {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
 
 

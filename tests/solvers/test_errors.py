@@ -90,3 +90,14 @@ def test_plan_memory_and_profile_costs_share_the_cache_folder(tmp_path, monkeypa
     monkeypatch.setenv("OPT_REMAT_CACHE_DIR", str(tmp_path))
     assert cache_dir() == tmp_path
     assert cache_path().parent == memory_path("g").parent.parent == tmp_path
+
+
+def test_peak_budget_error_is_one_sentence_that_does_not_contradict_itself():
+    from opt_remat.errors import PeakBudgetError
+    at_floor = str(PeakBudgetError(100, 300, 300, further="peak-search"))
+    above = str(PeakBudgetError(100, 300, 200, further="peak-search"))
+    assert "searches further" not in at_floor and "no plan can peak below" in at_floor
+    assert "try solver 'peak-search', which searches further" in above and "200 bytes" in above
+    for text in (at_floor, above):
+        assert "(" + "it is" not in text and ") (" not in text and text.count(". ") == 0
+        assert "raise peak_budget to at least 300 bytes" in text
