@@ -58,10 +58,10 @@ def main() -> None:
     rows = []
     for name in args.models:
         torch.manual_seed(0)
-        if name == "gpt":
-            factory = lambda: GPT(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, dropout=0.1)
-        else:
-            factory = lambda: Llama(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq)
+        def factory(name: str = name) -> torch.nn.Module:
+            if name == "gpt":
+                return GPT(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, dropout=0.1)
+            return Llama(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq)
         model = factory()
         joint = capture(factory, example_inputs("gpt2" if name == "gpt" else "llama", model), meta=True)
         # torch's partitioner runs on the graph without opt-remat's RNG-state nodes

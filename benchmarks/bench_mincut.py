@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--exact", action="store_true", help="also time CP-SAT, HiGHS and the tied CP-SAT solve at torch's 0.5 bytes")
+    ap.add_argument("--exact", action="store_true",
+                    help="also time CP-SAT, HiGHS and the tied CP-SAT solve at torch's 0.5 bytes")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--cpu", action="store_true", help="time the partitions in CPU time, not wall time")
     args = ap.parse_args()
@@ -73,11 +74,13 @@ def main() -> None:
         times: dict[str, list[float]] = {k: [] for k in ("torch", "build", "mincut", "lower", "whole", "gc on")}
         for _ in range(args.repeats):
             j = joint.copy()
-            times["torch"].append(_timed(clock, lambda: min_cut_rematerialization_partition(j.module, None, num_fwd_outputs=n)))
+            times["torch"].append(_timed(
+                clock, lambda j=j, n=n: min_cut_rematerialization_partition(j.module, None, num_fwd_outputs=n)))
             j = joint.copy()
-            times["whole"].append(_timed(clock, lambda: opt_remat.partitioner()(j.module, None, num_fwd_outputs=n)))
+            times["whole"].append(_timed(clock, lambda j=j, n=n: opt_remat.partitioner()(j.module, None, num_fwd_outputs=n)))
             j = joint.copy()
-            times["gc on"].append(_timed(clock, lambda: opt_remat.partitioner()._partition(j.module, None, n, None)))
+            times["gc on"].append(_timed(clock, lambda j=j, n=n: opt_remat.partitioner()._partition(j.module, None, n,
+                                                                                                  None)))
             j = joint.copy()
             with gc_paused():  # the stages as the partitioner runs them
                 t = clock()
@@ -87,7 +90,7 @@ def main() -> None:
                 t = clock()
                 plan = solve_mincut(problem, lam)
                 times["mincut"].append(clock() - t)
-                times["lower"].append(_timed(clock, lambda: lower_plan(module, plan, num_fwd_outputs=n)))
+                times["lower"].append(_timed(clock, lambda m=module, p=plan, n=n: lower_plan(m, p, num_fwd_outputs=n)))
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({
             "layers": layers, "nodes": len(problem.nodes), "capture s": f"{capture_s:.1f}",

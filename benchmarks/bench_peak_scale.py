@@ -97,7 +97,8 @@ def main() -> None:
         joint = _capture(name)
         prepared, problem = problem_from_joint(joint, device="h100")
 
-        def row(plan_name: str, peak: int | None, cost: float | None, **more) -> None:
+        def row(plan_name: str, peak: int | None, cost: float | None, label: str = label, unit: int = unit,
+                unit_name: str = unit_name, t_scale: float = t_scale, t_name: str = t_name, **more) -> None:
             r = {"model": label, "plan": plan_name,
                  f"peak {unit_name}": "-" if peak is None else f"{peak / unit:.2f}",
                  f"recompute {t_name}": "-" if cost is None else f"{cost * t_scale:.2f}"}

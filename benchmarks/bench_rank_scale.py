@@ -23,7 +23,8 @@ from opt_remat.costs import get_profile
 from opt_remat.hf import causal_lm
 from solvers.baselines import uniform_checkpoints
 from solvers.budget import parse_budget
-from solvers.device_budget import DeviceBudgetError, device_budget
+from solvers.device_budget import device_budget
+from solvers.errors import DeviceBudgetError
 from solvers.fast_peak import fast_peak_plan
 from solvers.mincut import solve_mincut
 from solvers.peak import PeakInfeasibleError

@@ -13,7 +13,8 @@ _EXPORTS = {
     "Partitioner": "api", "PartitionRecord": "api", "backend": "api", "partitioner": "api",
     "GraphError": "errors", "OptRematError": "errors", "build_problem": "build",
     "PROFILES": "costs", "DeviceProfile": "costs", "get_profile": "costs",
-    "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower", "PeakMeter": "memory", "simulate": "memory",
+    "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower",
+    "PeakMeter": "memory", "simulate": "memory",
     "BudgetError": "errors", "PeakBudgetError": "errors", "SolveInterrupted": "errors",
     "DeviceBudgetError": "errors",
 }

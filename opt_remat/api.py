@@ -246,7 +246,8 @@ def backend(solver: str | None = None, budget: int | float | str | None = None, 
 
     ``compiler="inductor"`` (default) runs inductor with opt-remat as its partitioner;
     ``compiler="eager"`` runs the partitioned FX graphs as they are (with ``decompositions``,
-    "inductor" or none); a callable is used as AOTAutograd's forward and backward compiler. The partitioner is reachable as ``backend_fn.partitioner``.
+    "inductor" or none); a callable is used as AOTAutograd's forward and backward compiler. The
+    partitioner is reachable as ``backend_fn.partitioner``.
     """
     pfn = partition_fn or partitioner(solver, budget, **options)
     if isinstance(pfn, Partitioner):
@@ -263,7 +264,8 @@ def backend(solver: str | None = None, budget: int | float | str | None = None, 
         inductor_backend.partitioner = pfn  # type: ignore[attr-defined]
         return inductor_backend
     if compiler == "eager" or callable(compiler):
-        eager = aot_graphs(pfn, decompositions) if isinstance(compiler, str) else aot_graphs(pfn, decompositions, compiler)
+        eager = (aot_graphs(pfn, decompositions) if isinstance(compiler, str)
+                 else aot_graphs(pfn, decompositions, compiler))
 
         def eager_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             with _roles_of(pfn, gm), catchable():

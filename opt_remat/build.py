@@ -203,7 +203,7 @@ def _node(node: fx.Node, val: Any, role: Role, storages: _Storages, state_of: Ma
             extra_inputs = (state_of[node.name],)
         reason = _ban_reason(node, op_types, replayable, impure)
         banned = reason is not None
-        if banned:
+        if reason is not None:
             ban_reasons[node.name] = reason
         # conflicts with bans are settled once every input is known (``resolve_tag_conflicts``)
         must_recompute = tp.must_recompute(node)

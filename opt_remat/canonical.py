@@ -35,8 +35,8 @@ def input_roles(gm: fx.GraphModule) -> list[str]:
     roles = []
     for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
         arg = node.meta.get("grapharg")
-        source = getattr(arg, "source", None)
-        text = source.name if isinstance(getattr(source, "name", None), str) else None
+        name = getattr(getattr(arg, "source", None), "name", None)
+        text = name if isinstance(name, str) else None
         if text is None:
             roles.append(f"input #{i}")
         elif "._parameters[" in text:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from solvers.budget import column_unit, format_bytes
+from solvers.budget import column_time_unit, column_unit, format_bytes, format_seconds
 
 from .cli_text import BUDGET_HELP, DESCRIPTION, RUN_EPILOG, para as _para
 from .errors import OptRematError
@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     model = factory(layers=args.layers) if args.model in ("gpt2", "llama", "mlp") else factory()
     inputs = models.example_inputs(args.model, model, batch=args.batch)
     reference = training_step(model, inputs, save_all_backend("inductor"))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for solver in args.solvers:
         torch._dynamo.reset()
         be = opt_remat.backend(solver, args.budget, compiler="eager", decompositions="inductor",
@@ -63,7 +63,7 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             step = training_step(model, inputs, be)
         except Exception as exc:  # a baseline that cannot meet the budget: say so, go on
-            cause = exc
+            cause: BaseException | None = exc
             while cause is not None and not isinstance(cause, opt_remat.BudgetError):
                 cause = cause.__cause__ or getattr(cause, "inner_exception", None)
             if cause is None:
@@ -79,16 +79,17 @@ def _demo(args: argparse.Namespace) -> int:
         rows.append({
             "solver": solver, "status": rec.plan.status.value,
             "saved (predicted)": rec.plan.saved_bytes, "saved (measured)": measured,
-            "recompute us": f"{rec.plan.recompute_cost * 1e6:.2f}",
-            "solve s": f"{rec.plan.solve_time_s:.3f}",
+            "recompute": rec.plan.recompute_cost, "solve": rec.plan.solve_time_s,
             "grads vs save-all": "bitwise" if check.bitwise else f"rel err {check.max_rel_error:.1e}",
         })
     print()
     byte_columns = ("saved (predicted)", "saved (measured)")
     unit = column_unit(r.get(c) for r in rows for c in byte_columns)  # one unit for both columns
+    times = {c: column_time_unit(r.get(c) for r in rows) for c in ("recompute", "solve")}  # one per column
     for r in rows:
         r.update({c: format_bytes(r[c], unit) for c in byte_columns if c in r})
-    print(table(rows, list(max(rows, key=len))))
+        r.update({c: format_seconds(r[c], u) for c, u in times.items() if c in r})
+    print(table(rows, list(max(rows, key=len).keys())))
     return 0
 
 

@@ -27,11 +27,10 @@ Ctrl-C during a solve raises ``SolveInterrupted`` (a ``KeyboardInterrupt``, so n
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from solvers.budget import format_bytes
-from solvers.device_budget import DeviceBudgetError
-from solvers.errors import OptRematError
+from solvers.errors import DeviceBudgetError, OptRematError
 from solvers.problem import Plan
 
 __all__ = ["BudgetError", "CaptureError", "DeviceBudgetError", "GraphError", "GraphLoadError", "OptRematError",
@@ -76,18 +75,36 @@ class BudgetError(OptRematError, ValueError):
 class PeakBudgetError(OptRematError, ValueError):
     """A peak budget no plan can meet; says the smallest peak found and the floor below it."""
 
-    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None,
-                 name: str = "peak_budget") -> None:
+    def __init__(self, peak_budget: int, min_peak: int | None, floor: int | None = None, *,
+                 further: str | None = None, name: str = "peak_budget") -> None:
+        """``further``: a solver that searches further than the one that failed, suggested unless
+        the smallest peak found is already the floor; ``name``: the setting the budget came from."""
         self.peak_budget = peak_budget
         self.min_peak = min_peak
         self.floor = floor
-        found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes). Raise "
-                 f"{name} to at least {min_peak} bytes" if min_peak is not None
-                 else "no valid plan was found at all (check bans and must-recompute tags)")
-        if floor is not None and min_peak is not None:
-            found += (" (it is the smallest possible)" if floor == min_peak else
-                      f"; no plan can peak below {format_bytes(floor)} ({floor} bytes)")
+        if min_peak is None:
+            found = "no valid plan was found at all (check bans and must-recompute tags)"
+        elif floor == min_peak:
+            found = (f"no plan can peak below {format_bytes(floor)} ({floor} bytes), the peak of the plan "
+                     f"found; raise {name} to at least {min_peak} bytes")
+        else:
+            found = (f"the smallest step peak found is {format_bytes(min_peak)} ({min_peak} bytes)"
+                     + (f" and no plan can peak below {format_bytes(floor)} ({floor} bytes)" if floor else "")
+                     + f"; raise {name} to at least {min_peak} bytes"
+                     + (f" or try solver '{further}', which searches further" if further else ""))
         super().__init__(f"{name} {format_bytes(peak_budget)} ({peak_budget} bytes) is infeasible: {found}")
+
+
+class RequestError(OptRematError, ValueError):
+    """A setting of a solve request that cannot be used; ``field`` names it (``opt_remat.request``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class OffloadError(OptRematError, ValueError):
+    """torch's offloading pass did not offload what the plan offloads (``opt_remat.offload``)."""
 
 
 class SolveInterrupted(KeyboardInterrupt):
@@ -117,7 +134,7 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-_PASSTHROUGH: dict[type, type] = {}
+_PASSTHROUGH: dict[type[BaseException], type[BaseException]] = {}
 
 
 def _passthrough(exc: BaseException) -> BaseException:
@@ -131,7 +148,7 @@ def _passthrough(exc: BaseException) -> BaseException:
         cls = type(base.__name__, (base, ShortenTraceback), {"__module__": base.__module__,
                                                            "__str__": lambda self: self.message})
         _PASSTHROUGH[base] = cls
-    new = cls.__new__(cls)
+    new: Any = cls.__new__(cls)
     new.__dict__.update(exc.__dict__)
     new.args = exc.args
     new.message = str(exc)

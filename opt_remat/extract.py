@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -37,7 +37,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from solvers.liveness import just_in_time
 
 from .errors import Unsupported
-from .prepare import impurity, kept_nodes
+from .graph_rules import impurity, kept_nodes
 from .rng_replay import fuse_rng_replay_graph
 
 _SUPPORTED_OPS = ("placeholder", "call_function", "get_attr", "output")
@@ -117,7 +117,7 @@ def _build(joint: _Joint, inputs: Sequence[fx.Node], body: Sequence[fx.Node], ou
         else:  # replayed: the op runs under the state saved for it
             args = fx.node.map_arg(node.args, env.__getitem__)
             kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-            new = graph.create_node("call_function", run_with, (env[state], node.target, *args), kwargs,
+            new = graph.create_node("call_function", run_with, (env[state], cast(Any, node.target), *args), kwargs,
                                     node.name, node.type)
             new.meta = copy.copy(node.meta)
         if backward and node.op in ("call_function", "get_attr"):

@@ -1,9 +1,10 @@
 """Stage 4: a plan becomes the forward and backward GraphModules that AOTAutograd runs.
 
 ``opt_remat.extract`` makes them in one copy of each graph; where it does not apply (see
-``extract.unsupported``), or with ``fast=False``, this uses torch's own extraction (``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints,
-as the forward's extra outputs in the order AOTAutograd expects) and torch's reordering of the
-backward, which places each recomputed value just before its first use so it is not alive longer
+``extract.unsupported``), or with ``fast=False``, this uses torch's own extraction
+(``_extract_fwd_bwd_modules``: saved tensors, then saved symbolic ints, as the forward's extra
+outputs in the order AOTAutograd expects) and torch's reordering of the backward, which places each
+recomputed value just before its first use so it is not alive longer
 than needed.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch.fx as fx
 from torch._functorch import partitioners as tp
 from torch.fx.experimental.proxy_tensor import is_sym_node
+from torch.utils._ordered_set import OrderedSet
 
 from solvers import Plan, Problem
 
@@ -36,7 +38,7 @@ def lower_plan(
     plan: Plan,
     *,
     num_fwd_outputs: int,
-    static_lifetime_input_nodes: object | None = None,
+    static_lifetime_input_nodes: OrderedSet[fx.Node] | None = None,
     fast: bool = True,
     problem: Problem | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -54,7 +56,8 @@ def lower_plan(
 
 
 def _lower(joint_module: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int,
-           static_lifetime_input_nodes: object | None, fast: bool) -> tuple[fx.GraphModule, fx.GraphModule]:
+           static_lifetime_input_nodes: OrderedSet[fx.Node] | None,
+           fast: bool) -> tuple[fx.GraphModule, fx.GraphModule]:
     if fast:
         values, syms = saved_nodes(joint_module, plan)
         saved, recomputed = set(plan.saved), set(plan.recomputed)
@@ -67,8 +70,7 @@ def _lower(joint_module: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int,
     routed = route_replays(joint_module, set(plan.saved), set(plan.recomputed))
     if routed is not joint_module and static_lifetime_input_nodes is not None:
         by_name = {n.name: n for n in routed.graph.nodes}  # the same inputs, in the copy
-        static_lifetime_input_nodes = type(static_lifetime_input_nodes)(  # type: ignore[call-arg]
-            by_name[n.name] for n in static_lifetime_input_nodes)  # type: ignore[attr-defined]
+        static_lifetime_input_nodes = OrderedSet(by_name[n.name] for n in static_lifetime_input_nodes)
     joint_module = routed
     values, syms = saved_nodes(joint_module, plan)
     fw_module, bw_module = tp._extract_fwd_bwd_modules(

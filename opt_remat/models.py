@@ -12,6 +12,7 @@ import torch.nn.functional as F
 class MLP(nn.Module):
     def __init__(self, d_in: int = 64, hidden: int = 256, d_out: int = 10, layers: int = 3) -> None:
         super().__init__()
+        self.d_in = d_in
         dims = [d_in] + [hidden] * layers
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(hidden, d_out)
@@ -110,6 +111,9 @@ class LlamaBlock(nn.Module):
 class Llama(nn.Module):
     """A LLaMA-style decoder: RMSNorm, SwiGLU, rotary embeddings, SDPA attention."""
 
+    cos: torch.Tensor  # the rotary tables (buffers)
+    sin: torch.Tensor
+
     def __init__(self, vocab: int = 256, d_model: int = 64, heads: int = 4, layers: int = 2,
                  hidden: int | None = None, seq: int = 32) -> None:
         super().__init__()
@@ -185,10 +189,10 @@ def resnet(**kw) -> ResNet:
 def example_inputs(name: str, model: nn.Module, batch: int = 2) -> tuple[torch.Tensor, ...]:
     """Inputs that fit a built-in model."""
     if isinstance(model, (GPT, Llama)):
-        seq = model.pos.num_embeddings if isinstance(model, GPT) else model.cos.shape[0]
+        seq = model.pos.num_embeddings if isinstance(model, GPT) else int(model.cos.shape[0])
         return (torch.randint(0, model.tok.num_embeddings, (batch, seq)),)
     if isinstance(model, ResNet):
         return (torch.randn(batch, 3, 16, 16),)
     if isinstance(model, MLP):
-        return (torch.randn(batch, model.layers[0].in_features),)
+        return (torch.randn(batch, model.d_in),)
     raise ValueError(f"no example inputs for {name!r}")

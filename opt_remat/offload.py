@@ -35,13 +35,10 @@ from solvers import Plan, Problem, Role
 from solvers.offload import HostLink, offload_errors
 
 from .costs import DeviceProfile, get_profile
+from .errors import OffloadError
 
 MARK = "should_offload"  # torch's mark on a forward node to offload
 OFFLOAD_TAGS = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
-
-
-class OffloadError(ValueError):
-    """torch's offloading pass did not offload what the plan offloads."""
 
 
 def marks_honoured() -> bool:

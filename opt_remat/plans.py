@@ -74,8 +74,9 @@ def mismatch_message(data: dict[str, Any], values: Sequence[dict[str, Any]], gid
         r = changed[0]
         what = "dtype" if _dtype(here_in[r]) != _dtype(plan_in[r]) else "shapes (batch size, sequence length)"
         cause = f"{what}: {r} is {here_in[r]} here and {plan_in[r]} in the plan's graph"
-    elif settings and capture and any(capture.get(k) != settings.get(k) for k in ("compiler", "decompositions")
-                                      if k in settings and (k != "decompositions" or settings.get("compiler") == "eager")):
+    elif settings and capture and any(
+            capture.get(k) != settings.get(k) for k in ("compiler", "decompositions")
+            if k in settings and (k != "decompositions" or settings.get("compiler") == "eager")):
         cause = (f"compiler/decompositions: the plan was captured for {settings_text(capture)}, this backend uses "
                  f"{settings_text(settings)}")
     else:
@@ -86,5 +87,6 @@ def mismatch_message(data: dict[str, Any], values: Sequence[dict[str, Any]], gid
            f" and this model's shapes), or apply the plan with the settings it was made for ({settings_text(capture)})"
            if settings else "solve again for this model, inputs and capture settings")
     return (f"{source} was made for a different graph (graph ids {entry['graph_id']} in the plan, "
-            f"{gid} here, {len(entry['values'])} and {len(values)} values): first differing value here {show(ours)}, in the plan's graph "
+            f"{gid} here, {len(entry['values'])} and {len(values)} values): first differing value here {show(ours)}, "
+            f"in the plan's graph "
             f"{show(theirs)}; likely cause: {cause}. To fix: {how}")

@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 from torch import fx
@@ -84,13 +84,14 @@ def time_op(node: fx.Node) -> float | None:
             kwargs = tree_map(_materialize, node.kwargs, is_leaf=lambda a: isinstance(a, fx.Node))
             device = next((a.device for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)), None)
             sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
+            op = cast(Callable[..., Any], node.target)  # a call_function node's
             for _ in range(WARMUP):
-                node.target(*args, **kwargs)
+                op(*args, **kwargs)
             sync()
             times = []
             for _ in range(RUNS):
                 start = time.perf_counter()
-                node.target(*args, **kwargs)
+                op(*args, **kwargs)
                 sync()
                 times.append(time.perf_counter() - start)
     except Exception:  # needs real data or state: the roofline estimate stays

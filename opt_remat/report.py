@@ -61,7 +61,8 @@ def describe_plan(problem: Problem, plan: Plan, *, top: int = 8) -> str:
         + (f", gap {plan.gap:.2%}" if plan.gap is not None else ""),
         f"  saved for backward : {len(plan.saved):5d} values, {format_bytes(plan.saved_bytes)} predicted"
         + (f" (budget {format_bytes(plan.budget)})" if plan.budget is not None else ""),
-        f"  recomputed         : {len(plan.recomputed):5d} values, predicted cost {format_seconds(plan.recompute_cost)}",
+        f"  recomputed         : {len(plan.recomputed):5d} values, "
+        f"predicted cost {format_seconds(plan.recompute_cost)}",
     ]
     for title, names in (("saved", plan.saved), ("recomputed", plan.recomputed)):
         ops = counts_by_op(problem, names)[:top]

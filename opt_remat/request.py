@@ -18,6 +18,7 @@ from solvers.training import TrainingSetup, TrainingSetupError, training_setup
 from .formats.plan_file import read_plan_file
 
 from .costs import DeviceProfile, get_profile
+from .errors import RequestError
 from .options import TORCH_SOLVER, check_solver_options, possible_modes
 
 COSTS = ("roofline", "profile")
@@ -37,14 +38,6 @@ def auto_lam(profile: DeviceProfile) -> float:
 # a device budget without a ``training`` set-up: the step on one device, parameters and their
 # gradients in fp32, no optimizer state
 ONE_DEVICE = TrainingSetup(optimizer="none")
-
-
-class RequestError(ValueError):
-    """A setting of a solve request that cannot be used; ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ def state_bytes(device: torch.device) -> int | None:
 def dropout_is_off(node: fx.Node) -> bool:
     """Attention ops are tagged random for their dropout; with dropout_p == 0 they draw nothing."""
     target = node.target
+    assert isinstance(target, torch._ops.OpOverload)  # is_random_op's ops are overloads
     names = [a.name for a in target._schema.arguments]
     if "dropout_p" not in names:
         return False
@@ -106,7 +107,9 @@ def insert_rng_states(joint_module: fx.GraphModule) -> list[fx.Node]:
         device = first.device
         mode = getattr(first, "fake_mode", None)
         with mode if mode is not None else torch._subclasses.fake_tensor.FakeTensorMode():
-            state_val = torch.empty(state_bytes(device), dtype=torch.uint8)
+            size = state_bytes(device)
+            assert size is not None  # is_replayable checked the device
+            state_val = torch.empty(size, dtype=torch.uint8)
         with graph.inserting_before(node):
             state = graph.create_node("call_function", rng_state_capture, (str(device),),
                                       name=f"rng_state_{node.name}")

@@ -54,6 +54,7 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
     candidates += remembered
     name = solver or catalog.DEFAULT
     plan: Plan | None = None
+    failure: PeakInfeasibleError | None
     try:  # the catalog says which solvers have a peak mode and which options they take there
         plan = solve_peak(problem, name, peak_budget, budget, typed_options(name, options, catalog.PEAK),
                           candidates=candidates, count_gradients=count_gradients)
@@ -68,11 +69,10 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
         plan = label_peak_plan(as_solution(found, plan, peak_budget), name)
     if plan is None:
         assert failure is not None
-        err = PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None),
-                              name="device_memory" if device else "peak_budget")
-        if catalog.resolve(name, catalog.PEAK).name == catalog.DEFAULT:  # the search often goes lower
-            err.args = (err.args[0] + " (by the fast default: solver 'peak-search' searches further)",)
-        raise err from None
+        fast = catalog.resolve(name, catalog.PEAK).name == catalog.DEFAULT  # the search often goes lower
+        raise PeakBudgetError(peak_budget, failure.min_peak, getattr(failure, "floor", None),
+                              further="peak-search" if fast else None,
+                              name="device_memory" if device else "peak_budget") from None
     result = check_plan(problem, plan, budget=budget)
     if not result.valid:
         raise RuntimeError("opt-remat internal error: invalid peak plan: " + "; ".join(result.errors[:5]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -24,16 +24,18 @@ def save_all_backend(decompositions: Any = None) -> Callable[..., Any]:
 def default_loss(out: Any) -> torch.Tensor:
     """Sum of every floating output, so every output gets a gradient."""
     leaves = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
-    return sum(o.float().sum() for o in leaves)
+    return cast(torch.Tensor, sum(o.float().sum() for o in leaves))
 
 
 def training_step(model: torch.nn.Module, inputs: Sequence[Any], backend: Any, *, seed: int = 0,
-                  loss_fn: Callable[[Any], torch.Tensor] = default_loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One forward+backward of a copy of ``model`` compiled with ``backend``: (loss, grads)."""
+                  loss_fn: Callable[[Any], torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward+backward of a copy of ``model`` compiled with ``backend``: (loss, grads).
+    ``loss_fn``: the output's loss (default: ``default_loss``)."""
     model = copy.deepcopy(model)
     compiled = torch.compile(model, backend=backend, fullgraph=False)
     torch.manual_seed(seed)
-    loss = loss_fn(compiled(*inputs))
+    loss = (loss_fn or default_loss)(compiled(*inputs))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), grads

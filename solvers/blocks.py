@@ -27,7 +27,7 @@ import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, cast
 
 from .liveness import narrow_cut_values
 from .problem import Problem, Role
@@ -132,7 +132,7 @@ def _entries(problem: Problem, block_of: Mapping[str, int], n_blocks: int) -> li
 
 def _exit(problem: Problem, block_of: Mapping[str, int], last: int) -> tuple[str, ...]:
     """Values of the last block that forward values outside every block read."""
-    out = set()
+    out: set[str] = set()
     for n in problem.nodes:
         if n.name in block_of or n.role not in (Role.FORWARD, Role.EITHER):
             continue
@@ -195,7 +195,7 @@ def block_segments(problem: Problem, blocks: Blocks,
     """Per block, its values at the positions every block has (``block_positions``), in the same
     order; and every forward-side value from the first block on -> its block, values between
     blocks and after the last (the loss head) going to the block before them."""
-    rows = [r for r in block_positions(problem, blocks, label) if None not in r]
+    rows = [cast("list[str]", r) for r in block_positions(problem, blocks, label) if None not in r]
     segments = [[r[b] for r in rows] for b in range(len(blocks.paths))]
     first: dict[int, int] = {}  # block -> its first forward value (in block order: find_blocks)
     for i, n in enumerate(problem.nodes):
@@ -296,7 +296,8 @@ def graph_boundaries(problem: Problem) -> tuple[list[str], str]:
     # than the residual stream); widen until the boundaries spread over the forward
     forward_pos = {n.name: i for i, n in enumerate(fwd)}
     for widest in NARROW_CUT_WIDTHS:
-        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0) if problem.can_save(v) and v != loss]
+        narrow = [v for v in narrow_cut_values(problem, widest, largest_only=widest > 1.0)
+                  if problem.can_save(v) and v != loss]
         points = [0] + sorted(forward_pos[v] for v in narrow) + [len(fwd)]
         if len(narrow) > 1 and max(b - a for a, b in zip(points, points[1:])) <= len(fwd) // 2:
             return narrow, "narrow cuts"

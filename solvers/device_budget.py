@@ -20,16 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .budget import format_bytes
-from .errors import OptRematError
+from .errors import DeviceBudgetError
 from .liveness import peak_lower_bound, without_gradients
 from .memory_kinds import MemoryKind as K
 from .problem import Problem
 from .rank_memory import RankModel
 from .training import TrainingSetup
-
-
-class DeviceBudgetError(OptRematError, ValueError):
-    """The rank's states alone do not fit the device: says the breakdown and what would fit."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class BudgetInfeasibleError(InfeasibleError):
         if min_feasible_bytes is None:
             detail = "the smallest feasible saved bytes could not be determined in the time limit"
         elif proven:
-            detail = f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)"
+            detail = (f"the smallest feasible saved bytes is {format_bytes(min_feasible_bytes)} "
+                      f"({min_feasible_bytes} bytes)")
         else:
             detail = (f"the smallest saved bytes found is {format_bytes(min_feasible_bytes)} "
                       "(not proven minimal within the time limit)")
@@ -67,3 +68,12 @@ class PeakInfeasibleError(InfeasibleError):
 
 class MIPTimeLimitError(OptRematError, TimeoutError):
     """The solver found no plan in its time limit and no warm-start plan fits the budget."""
+
+
+class TrainingSetupError(OptRematError, ValueError):
+    """A ``training:`` description that cannot be used, naming the field (``solvers.training``)."""
+
+
+class DeviceBudgetError(OptRematError, ValueError):
+    """The rank's states alone do not fit the device: says the breakdown and what would fit
+    (``solvers.device_budget``)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from typing import Iterable
+from typing import Iterable, cast
 
 from .baselines import uniform_checkpoints
 from .budget import format_bytes
@@ -69,7 +69,8 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                                default=None)
                 raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem)) from None
         else:
-            best = cheapest_fitting(([best] if best else []) + [(found, found.extra["peak"])], peak_budget, budget)
+            found_peak = cast(int, found.extra["peak"])
+            best = cheapest_fitting(([best] if best else []) + [(found, found_peak)], peak_budget, budget)
     assert best is not None
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
@@ -116,11 +117,11 @@ def _structural(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
 
 def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
     """Checkpointing and min-cut plans, each once, with their simulated peaks."""
-    bounds_n = None
+    bounds_n: int | None = None
     plans: list[Plan] = []
     checkpoints = uniform_checkpoints(problem, EVERY)
     if checkpoints:
-        bounds_n = checkpoints[0].extra.get("n_boundaries")
+        bounds_n = cast("int | None", checkpoints[0].extra.get("n_boundaries"))
     if bounds_n:
         root = max(1, math.ceil(math.sqrt(bounds_n)))
         if root not in EVERY:

@@ -17,7 +17,7 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .problem import Problem, Role
 
@@ -119,7 +119,7 @@ class Simulator:
         return sorted(needed)
 
     def _run(self, order: list[int], buffer: dict[int, int] | None, live: dict[int, int],
-             keep: set[int], top: list, steps: list | None, phase: str,
+             keep: set[int], top: list[Any], steps: list[Any] | None, phase: str,
              on_step: Callable[[Mapping[str, int]], None] | None = None,
              extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None) -> None:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
@@ -168,9 +168,9 @@ class Simulator:
             for dead in frees.get(i, ()):
                 total -= live.pop(dead, 0)
 
-    def _simulate(self, saved: Iterable[str], steps: list | None,
+    def _simulate(self, saved: Iterable[str], steps: list[Any] | None,
                   on_step: Callable[[Mapping[str, int]], None] | None = None,
-                  rank: RankHook | None = None) -> tuple[list, set[int]]:
+                  rank: RankHook | None = None) -> tuple[list[Any], set[int]]:
         """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers).
         ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``)."""
         sid, inputs = self.sid, self.inputs
@@ -191,11 +191,11 @@ class Simulator:
             bw[v] = bw[base] if base is not None and self.is_view[v] else fresh + v
         grads = {bw[o] for o in self.grads if o in bw}
         self.grad_buffers = grads  # for ``on_step`` callers that split the live buffers by kind
-        top: list = [-1, "", -1, -1, {}]
+        top: list[Any] = [-1, "", -1, -1, {}]
         live: dict[int, int] = {}
         saved_storages = {sid[v] for v in saved_ids}
-        rank_forward: tuple = ()
-        rank_backward: tuple = ()
+        rank_forward: tuple[Any, ...] = ()
+        rank_backward: tuple[Any, ...] = ()
         if rank is not None:  # the rank's bytes per position, and when FSDP frees gradients
             fw_extra, bw_extra, release = rank(self, forward, backward, bw)
             rank_forward, rank_backward = (fw_extra, None), (bw_extra, release)
@@ -379,7 +379,7 @@ def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool 
         narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
     if largest_only:  # per narrow position, the largest value alive across it
         import heapq
-        starts: dict[int, list] = {}
+        starts: dict[int, list[Any]] = {}
         for n in crossing:
             starts.setdefault(position[n.name], []).append(n)
         heap: list[tuple[int, int, str]] = []

@@ -65,7 +65,7 @@ def _network(problem: Problem, lam: float) -> _FlowNetwork:
 
 
 def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
-    from ortools.graph.python import max_flow  # type: ignore[import-untyped]
+    from ortools.graph.python import max_flow
 
     finite = [c for c in net.capacities if not math.isinf(c)]
     total = sum(finite)
@@ -89,7 +89,7 @@ def _cut_ortools(net: _FlowNetwork) -> tuple[float, set[int]]:
 
 
 def _cut_networkx(net: _FlowNetwork) -> tuple[float, set[int]]:
-    import networkx as nx  # type: ignore[import-untyped]
+    import networkx as nx
 
     g = nx.DiGraph()
     g.add_nodes_from([net.source, net.sink])

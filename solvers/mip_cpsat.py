@@ -176,7 +176,7 @@ def _watching(solver: Any, proven: Callable[[float, float], bool] | None,
             if report is not None and now != shown:
                 shown = now
                 incumbent, bound = (report(v) if math.isfinite(v) else None for v in now)
-                progress.report(incumbent, bound)
+                progress.report(incumbent, bound, "CP-SAT search")
 
     watch = _Watch()
     solver.best_bound_callback = watch.on_bound

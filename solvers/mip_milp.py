@@ -95,7 +95,7 @@ def run_cbc(model: Model, objective: dict[int, float], budget: int | None,
              hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
              cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
              node_limit: int | None = None) -> EngineResult:
-    import pulp  # type: ignore[import-untyped]  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
+    import pulp  # (CBC runs with its own fixed seed; ``seed`` is accepted for a uniform call)
 
     t0 = time.perf_counter()
     prob = pulp.LpProblem("remat", pulp.LpMinimize)

@@ -2,7 +2,9 @@
 
 A caller that shows progress (the CLI's displays, the API's ``verbose``) listens with
 ``reporting(fn)``; solvers call ``report`` with the true recompute cost (seconds) of their best plan
-so far, their bound, and optionally the phase they are in. Reports
+so far, their bound, and optionally the phase they are in: a report without one keeps the last
+phase named (the listener never sees a search's numbers unlabelled after a phase), and a search
+that starts inside another (CP-SAT under a peak solve) names its own. Reports
 come from a solver's own polling thread, never from inside a native callback (CP-SAT's callbacks
 run on its worker threads and only record numbers). Nothing is reported when no one listens, nor in
 a process forked from the listener's (a pool's workers): only the process that listens reports.
@@ -33,6 +35,7 @@ class Progress:
 
 
 _listener: tuple[int, Callable[[Progress], None]] | None = None
+_last_phase = ""  # the phase a report without one is in (reset per listener)
 
 
 def listening() -> bool:
@@ -43,21 +46,25 @@ def listening() -> bool:
 @contextlib.contextmanager
 def reporting(fn: Callable[[Progress], None]) -> Iterator[None]:
     """While the body runs, ``fn`` hears of the searches' progress."""
-    global _listener
-    previous = _listener
-    _listener = (os.getpid(), fn)
+    global _listener, _last_phase
+    previous = _listener, _last_phase
+    _listener, _last_phase = (os.getpid(), fn), ""
     try:
         yield
     finally:
-        _listener = previous
+        _listener, _last_phase = previous
 
 
 def report(incumbent: float | None, bound: float | None, phase: str = "") -> None:
-    """Tell the listener (if any) of a search's incumbent, bound and phase; a failing listener is
-    ignored."""
+    """Tell the listener (if any) of a search's incumbent, bound and phase (none: the last one
+    named); a failing listener is ignored."""
+    global _last_phase
     listener = _listener
     if listener is None or listener[0] != os.getpid():
         return
+    if phase:
+        _last_phase = phase
+    phase = _last_phase
     try:
         listener[1](Progress(None if incumbent is None or not math.isfinite(incumbent) else incumbent,
                              None if bound is None or not math.isfinite(bound) else bound, phase))

@@ -45,7 +45,7 @@ class Symmetry:
                 f"(block repeated {self.layers}x)")
 
 
-def _label(problem: Problem, name: str) -> tuple:
+def _label(problem: Problem, name: str) -> tuple[object, ...]:
     node = problem.by_name[name]
     g = node.storage_id
     view_of = next((i for i, u in enumerate(node.inputs)
@@ -65,7 +65,7 @@ def find_repeated(problem: Problem, rounds: int = DEFAULT_ROUNDS, max_periods: i
         if groups:
             return _symmetry(problem, groups)
     names = [n.name for n in problem.nodes]
-    palette: dict[tuple, int] = {}
+    palette: dict[tuple[object, ...], int] = {}
     colour = {v: palette.setdefault(_label(problem, v), len(palette)) for v in names}
     by_name, users = problem.by_name, problem.users
     for _ in range(rounds):

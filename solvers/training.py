@@ -10,15 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .errors import TrainingSetupError
+
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
                "fp8": 1, "float8": 1, "fp64": 8, "float64": 8}
 # optimizer state per parameter element, in tensors of the parameter's shard
 OPTIMIZER_STATES = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 SHARDINGS = ("none", "ddp", "fsdp")
-
-
-class TrainingSetupError(ValueError):
-    """A ``training:`` description that cannot be used, naming the field."""
 
 
 @dataclass(frozen=True)

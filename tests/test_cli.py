@@ -143,7 +143,8 @@ def test_memory_plot_legends_stay_in_their_panel_with_units():
     for text in texts:  # a number is followed by its unit
         assert all(re.match(r"\s(B|KiB|MiB|GiB)\b", text[m.end():]) for m in re.finditer(r"\d+\.\d+", text)), text
     # a solver has one colour in every panel
-    colors = {line.get_label(): line.get_color() for ax in axes for line in ax.get_lines() if line.get_label()[0] != "_"}
+    colors = {line.get_label(): line.get_color() for ax in axes for line in ax.get_lines()
+              if line.get_label()[0] != "_"}
     assert len({colors[k] for k in colors if k.startswith("mincut")}) == 1
 
 
@@ -167,7 +168,8 @@ def test_run_resumes_skipping_done_pairs(tiny_run, capsys):
     text = capsys.readouterr().out
     assert "resuming: 5 of 6 pairs" in text and "1 pairs to solve" in text
     assert "[1/1] budget 0.2" in text and "greedy" in text
-    key = lambda rs: [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("verified")) for r in rs]
+    def key(rs):
+        return [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("verified")) for r in rs]
     assert key(results(out)) == key(before)
 
 
@@ -177,7 +179,8 @@ def test_parallel_jobs_match_sequential(tiny_run, tmp_path, capsys):
     assert main(["run", str(path), "--jobs", "2", "--set", f"output.dir={other}",
                  "--set", "verify.gradients=false"]) == 0
     assert "with 2 process workers" in capsys.readouterr().out
-    key = lambda rs: [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("recompute_cost")) for r in rs]
+    def key(rs):
+        return [(r["budget"], r["solver"], r["status"], r.get("saved_bytes"), r.get("recompute_cost")) for r in rs]
     assert key(results(other)) == key(results(out))
 
 
@@ -401,7 +404,8 @@ def test_meta_capture_run_plans_without_weights(tmp_path, capsys):
     # the same model captured for real and with fake tensors: the problems match, so do the plans
     def config(meta: bool, out: str) -> Path:
         text = (TINY.replace("opt_remat.models:mlp", "opt_remat.models:llama")
-                .replace("{{d_in: 16, hidden: 32, layers: 2}}", "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")
+                .replace("{{d_in: 16, hidden: 32, layers: 2}}",
+                         "{{layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}}")
                 .replace("{{shape: [4, 16], dtype: float32}}", "{{shape: [2, 16], dtype: int64, high: 64}}")
                 .replace("[mincut, save-all, greedy]", "[mincut, {{name: milp, backend: highs}}, torch]")
                 .replace("gradients: true", f"gradients: {str(not meta).lower()}"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opt_remat.cli import main
-from opt_remat.runs import ConfigError, load_config
+from opt_remat.runs import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

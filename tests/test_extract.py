@@ -16,6 +16,7 @@ import opt_remat.api as api
 import opt_remat.road as road
 import opt_remat.extract as extract
 import opt_remat.lower as lower
+import opt_remat.road as road
 import test_conformance as conf  # tests/ is on sys.path (pytest's default import mode)
 from opt_remat.capture import capture_graphs
 from opt_remat.models import example_inputs, gpt2, llama

@@ -16,7 +16,7 @@ from solvers import check_plan  # noqa: E402
 from solvers.baselines import uniform_checkpoint  # noqa: E402
 from solvers.blocks import find_blocks  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("reset_dynamo")]
 
 LAYERS = 3
 BATCH, SEQ, VOCAB, HIDDEN = 2, 32, 128, 64

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
 
 import opt_remat  # noqa: E402
 from opt_remat.hf import causal_lm  # noqa: E402

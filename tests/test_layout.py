@@ -17,11 +17,11 @@ MAX_FUNCTION_LINES = 100
 # The stages run capture -> build -> solve -> lower -> verify -> report; ``road`` composes them;
 # the entry layer (API, CLI, runs/) calls the road. A module missing here fails the test: place it.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"errors", "interrupt", "formats", "cache_dir", "logs"}),
+    ("base", {"errors", "interrupt", "formats", "disk_cache"}),
     ("compile set-up", {"compile_setup", "canonical", "costs", "profile_costs", "models", "hf"}),
     ("capture", {"capture"}),
-    ("build", {"rng_replay", "graph_rules", "prepare", "tags", "torch_budget", "build"}),
-    ("solve", {"options", "plan_memory", "solve", "plans"}),
+    ("build", {"rng_replay", "graph_rules", "prepare", "tags", "torch_budget", "offload", "build"}),
+    ("solve", {"options", "request", "plan_memory", "solve", "plans"}),
     ("lower", {"extract", "lower"}),
     ("verify", {"memory", "torch_reference", "verify"}),
     ("report", {"report"}),

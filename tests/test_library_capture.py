@@ -15,7 +15,7 @@ from opt_remat.build import problem_from_joint  # noqa: E402  (after the skips)
 from opt_remat.capture import capture_graphs  # noqa: E402
 from solvers.blocks import find_blocks  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.models, pytest.mark.usefixtures("reset_dynamo")]
 
 MODELS = {  # factory, image side, the blocks' class and count
     "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), 32, "BasicBlock", 8),

@@ -22,7 +22,7 @@ from solvers import check_plan, recompute_closure  # noqa: E402
 from solvers.liveness import simulate_plan  # noqa: E402
 
 # a 60 s solve per budget and a capture per model: run by .ci/run, not by the fast set
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reset_dynamo")]
+pytestmark = [pytest.mark.slow, pytest.mark.models, pytest.mark.usefixtures("reset_dynamo")]
 
 TIME_LIMIT_S = 60
 MODELS = {  # small batches and 64x64 images: seconds per step on a CPU

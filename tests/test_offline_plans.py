@@ -65,7 +65,7 @@ def plans(tmp_path_factory):
     out = {}
     for compiler in ("eager", "inductor"):
         for kind in ("saved", "peak"):
-            def solve(problem):
+            def solve(problem, kind=kind):
                 if kind == "saved":
                     return choose_plan(problem, "cpsat", resolve_budget(problem, 0.3), {"time_limit_s": 4})
                 save_all_peak = simulate_plan(problem, choose_plan(problem, "save-all", None).saved).peak

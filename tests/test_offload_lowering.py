@@ -297,6 +297,7 @@ def _hf_llama():
     return Step(), (torch.randint(0, 128, (2, 32)),)
 
 
+@pytest.mark.hf
 @pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_hf_llama_offloaded_plan_trains_as_without(compiler):
     ref, off, plain, pfn = _pair(_hf_llama, compiler, budget=0.5)

@@ -325,7 +325,8 @@ def test_smallest_peak_on_a_deeper_model_is_near_the_floor():
     assert mode == "modules" and len(bounds) >= 4
     uniform = solve(problem, "uniform", None)
     assert uniform.saved_bytes > 0
-    assert simulate_plan(problem, uniform.saved).peak < simulate_plan(problem, solve(problem, "inputs-only", None).saved).peak
+    inputs_only = solve(problem, "inputs-only", None)
+    assert simulate_plan(problem, uniform.saved).peak < simulate_plan(problem, inputs_only.saved).peak
 
 
 def test_local_search_stops_when_it_stalls():

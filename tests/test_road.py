@@ -8,7 +8,8 @@ import torch
 
 import opt_remat
 from opt_remat import models
-from opt_remat.request import RequestError, make_request
+from opt_remat.errors import RequestError
+from opt_remat.request import make_request
 from opt_remat.runs import ConfigError, load_config, materialize
 from opt_remat.runs.execute import solve_one
 from opt_remat.verify import training_step

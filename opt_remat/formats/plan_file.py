@@ -107,7 +107,8 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise PlanMismatchError(f"plan file {where} does not exist") from None
     except IsADirectoryError:
-        raise PlanMismatchError(f"plan file {where} is a folder; expected a JSON file written by opt-remat solve") from None
+        raise PlanMismatchError(
+            f"plan file {where} is a folder; expected a JSON file written by opt-remat solve") from None
     except UnicodeDecodeError:
         raise PlanMismatchError(f"plan file {where} is binary, not a JSON plan written by opt-remat solve") from None
     try:

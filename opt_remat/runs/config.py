@@ -37,7 +37,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Sequence, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag,
                       field_validator, model_validator)
@@ -53,7 +53,8 @@ __all__ = ["TORCH_SOLVER", "ConfigError", "Config", "BudgetSpec", "SolverSpec", 
 
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 INT_DTYPES = ["int64", "int32", "int16", "int8", "uint8", "bool"]
-FORMATS = ["table", "json", "csv", "plot", "html"]
+Format = Literal["table", "json", "csv", "plot", "html"]
+FORMATS: list[Format] = ["table", "json", "csv", "plot", "html"]
 BUILTIN_FACTORIES = {"mlp", "gpt2", "llama", "resnet"}
 FloatDtype = Literal["float32", "float64", "float16", "bfloat16"]
 
@@ -94,7 +95,10 @@ def _of_kinds(*kinds: type, want: str) -> Any:
     return Annotated[Any, PlainValidator(check)]
 
 
-Scalar = _of_kinds(int, float, str, want="a number or a string")
+if TYPE_CHECKING:  # what the validator admits
+    Scalar = Union[int, float, str]
+else:
+    Scalar = _of_kinds(int, float, str, want="a number or a string")
 
 
 class InputSpec(_Section):
@@ -108,7 +112,7 @@ class InputSpec(_Section):
 class FactoryModel(_Section):
     factory: str
     kwargs: dict[str, Any] = {}
-    inputs: list[InputSpec] | None = Field(None, min_length=1)  # default: the built-in factories' own
+    inputs: list[InputSpec] | None = Field(default=None, min_length=1)  # default: the built-in factories' own
     loss: Literal["sum", "mean"] = "sum"
     name: str | None = None
 
@@ -157,12 +161,12 @@ class SolverEntry(_Section):
 class VerifySpec(_Section):
     gradients: bool = True  # against save-all's, with real weights (not with capture.meta)
     measure_memory: bool = True  # saved bytes measured on the lowered graphs
-    tolerance: float = Field(1e-5, ge=0)
+    tolerance: float = Field(default=1e-5, ge=0)
 
 
 class OutputSpec(_Section):
-    dir: str | None = Field(None, min_length=1)  # default: runs/CONFIG-NAME beside the config
-    formats: list[Literal["table", "json", "csv", "plot", "html"]] = list(FORMATS)
+    dir: str | None = Field(default=None, min_length=1)  # default: runs/CONFIG-NAME beside the config
+    formats: list[Format] = list(FORMATS)
     title: str | None = None  # the summary's and plots' title (default: the run's name)
 
     @field_validator("formats")
@@ -351,7 +355,7 @@ def _peak_bytes(raw: Any) -> int | None:
 
 def import_factory(cfg: Config, path: tuple) -> Callable[..., Any]:
     """The callable named by ``module:attr`` (the config file's folder is importable too)."""
-    spec = cfg.data
+    spec: Any = cfg.data
     for part in path:
         spec = spec[part]
     module_name, _, attr = spec.partition(":")

@@ -21,7 +21,8 @@ from solvers import catalog
 from solvers.budget import Fraction, parse_budget
 
 from ..options import describe
-from ..request import DEFAULT_SOLVER, RequestError, make_request
+from ..errors import RequestError
+from ..request import DEFAULT_SOLVER, make_request
 from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec
 from .yaml_lines import apply_override, load_yaml, parse_override
 
@@ -58,7 +59,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, any_budget: 
         raise ConfigError(source, "", f"cannot read the configuration: {exc}") from None
     data, lines = load_yaml(text, source)
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}:1", "", f"expected a mapping with model, budgets and solvers, got {describe(data)}")
+        raise ConfigError(f"{source}:1", "",
+                          f"expected a mapping with model, budgets and solvers, got {describe(data)}")
     overridden = []
     for item in overrides:
         key, value = parse_override(item)

@@ -19,15 +19,15 @@ import traceback
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from solvers import Plan, Problem, catalog
 from solvers import progress as solver_progress
 
 from .. import road
 from ..plan_memory import GraphKey, graph_key
-from ..request import DEFAULT_SOLVER, RequestError, SolveRequest, make_request
-from ..errors import DeviceBudgetError
+from ..errors import DeviceBudgetError, RequestError
+from ..request import DEFAULT_SOLVER, SolveRequest, make_request
 from ..solve import BudgetError, PeakBudgetError
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
@@ -162,7 +162,7 @@ def memory_key(work: Workload, pair: Pair | None = None) -> GraphKey | None:
 def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor: str = "process",
               on_start: Callable[[Pair], None] = lambda pair: None,
               on_progress: Callable[[solver_progress.Progress], None] | None = None,
-              ) -> Iterator[tuple[Pair, SolveResult]]:
+              ) -> Generator[tuple[Pair, SolveResult], None, None]:
     """Each pair with its result, as they finish. ``on_start`` hears of each pair solved here as it
     starts, ``on_progress`` of its search's incumbent and bound (solves in this process only)."""
     requests = [(p, pair_request(work, p.solver, p.budget)) for p in pairs] if jobs > 1 else []

@@ -92,7 +92,8 @@ def pareto_figure(report: RunReport, colors: dict[str, str]) -> dict[str, Any]:
             continue
         mip = (pts[0].solver_name or solver) in MIP_SOLVERS
         data.append({"type": "scatter", "mode": "lines+markers", "name": solver + (" (MIP)" if mip else ""),
-                     "x": [r.saved_bytes / bscale for r in pts], "y": [r.recompute_cost / tscale for r in pts],
+                     "x": [r.saved_bytes / bscale for r in pts],  # type: ignore[operator]  # points have both
+                     "y": [r.recompute_cost / tscale for r in pts],  # type: ignore[operator]
                      "line": {"color": colors[solver], "width": 1.5},
                      "marker": {"color": colors[solver], "size": 11 if mip else 8,
                                 "symbol": [("star" if mip else "circle") + ("" if r.status == "optimal" else "-open")
@@ -101,7 +102,8 @@ def pareto_figure(report: RunReport, colors: dict[str, str]) -> dict[str, Any]:
     failed = [r for r in points if r.verified is False]
     if failed:
         data.append({"type": "scatter", "mode": "markers", "name": "gradient check failed",
-                     "x": [r.saved_bytes / bscale for r in failed], "y": [r.recompute_cost / tscale for r in failed],
+                     "x": [r.saved_bytes / bscale for r in failed],  # type: ignore[operator]
+                     "y": [r.recompute_cost / tscale for r in failed],  # type: ignore[operator]
                      "marker": {"symbol": "circle-open", "size": 22, "color": "red", "line": {"width": 2}},
                      "text": [plan_hover(r) for r in failed], "hovertemplate": "%{text}<extra></extra>"})
     layout = _layout("saved activation memory vs predicted recompute cost (filled: proven optimal)",
@@ -172,7 +174,7 @@ def solve_time_figure(report: RunReport, colors: dict[str, str]) -> dict[str, An
         if not recs:
             continue
         data.append({"type": "bar", "name": solver, "x": [f"budget {r.budget}" for r in recs],
-                     "y": [max(r.solve_time_s, 1e-6) for r in recs], "marker": {"color": color},
+                     "y": [max(r.solve_time_s or 0.0, 1e-6) for r in recs], "marker": {"color": color},
                      "text": [plan_hover(r) for r in recs], "hovertemplate": "%{text}<extra></extra>",
                      "textposition": "none"})
     layout = _layout("solve time per pair (hover: status, gap)", "budget", "solve time (s, log scale)",

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from solvers import Plan, Problem
+from solvers.training import TrainingSetup
 
 from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
-from .config import Config
-from solvers.training import TrainingSetup
-
+from .config import Config, FactoryModel
 from .curves import step_curve
 from .util import jsonable, write_atomic
 from .workload import Workload
@@ -68,8 +67,9 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
            "device": {"name": profile.name, "peak_flops": profile.peak_flops, "bandwidth": profile.bandwidth}}
     if not cfg.is_graph:
         out.update({"dtype": cfg.dtype, "inputs": inputs,
-                    "capture": {"compiler": cfg.compiler, "decompositions": cfg.decompositions if cfg.compiler == "eager"
-                                else "inductor", "meta": cfg.meta}})
+                    "capture": {"compiler": cfg.compiler,
+                                "decompositions": cfg.decompositions if cfg.compiler == "eager" else "inductor",
+                                "meta": cfg.meta}})
     return out
 
 
@@ -89,6 +89,7 @@ def _model_desc(cfg: Config) -> dict[str, Any]:
     if cfg.is_graph:
         return {"graph": str(cfg.graph_path)}
     model = cfg.spec.model
+    assert isinstance(model, FactoryModel)  # not cfg.is_graph
     inputs = None if model.inputs is None else [i.model_dump(exclude_unset=True) for i in model.inputs]
     return {"factory": model.factory, "kwargs": dict(model.kwargs), "inputs": inputs,
             "compiler": cfg.compiler, "decompositions": cfg.decompositions, "dtype": cfg.dtype}

@@ -61,8 +61,8 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
     n_mip = 0
     for i, solver in enumerate(solvers):
         pts = sorted((r for r in points if r.solver == solver), key=lambda r: (r.saved_bytes, r.recompute_cost))
-        xs = [r.saved_bytes / bscale for r in pts]
-        ys = [r.recompute_cost / tscale for r in pts]
+        xs = [r.saved_bytes / bscale for r in pts]  # type: ignore[operator]  # points have both
+        ys = [r.recompute_cost / tscale for r in pts]  # type: ignore[operator]
         name = pts[0].solver_name or solver
         if name in MIP_SOLVERS:  # marked: filled when proven optimal, hollow otherwise
             marker, size = mip_markers[n_mip % len(mip_markers)]
@@ -77,11 +77,12 @@ def pareto_plot(records: Sequence[Record], hull: Sequence[Sequence[float]], path
             ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=5, linewidth=1.2, zorder=2,
                     label=solver)
     for r in points:  # each plan labelled with its budget
-        ax.annotate(r.budget, (r.saved_bytes / bscale, r.recompute_cost / tscale),
+        ax.annotate(r.budget, (r.saved_bytes / bscale, r.recompute_cost / tscale),  # type: ignore[operator]
                     textcoords="offset points", xytext=(4, 3), fontsize=6, color="0.35")
     failed = [r for r in points if r.verified is False]
     if failed:  # a plan whose gradient check failed: circled in red
-        ax.plot([r.saved_bytes / bscale for r in failed], [r.recompute_cost / tscale for r in failed],
+        ax.plot([r.saved_bytes / bscale for r in failed],  # type: ignore[operator]
+                [r.recompute_cost / tscale for r in failed],  # type: ignore[operator]
                 linestyle="none", marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=1.5, zorder=20, label="gradient check failed")
     if n_mip:
@@ -120,7 +121,7 @@ def memory_figure(curves: dict[str, dict[str, Curve]], *, title: str = "live mem
     rows = math.ceil(len(budgets) / cols)
     unit, scale = byte_axis(c.peak for per in curves.values() for c in per.values())
     solvers = list(dict.fromkeys(s for per in curves.values() for s in per))
-    palette = matplotlib.colormaps["tab10"].colors
+    palette = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]  # a ListedColormap
     color = {s: palette[i % len(palette)] for i, s in enumerate(solvers)}
     longest = max((len(per) for per in curves.values()), default=0)
     fig = Figure(figsize=(5.2 * cols, (3.2 + 0.19 * longest) * rows + 0.5), dpi=100, layout="constrained")

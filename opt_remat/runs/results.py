@@ -160,7 +160,8 @@ def load_results(path: Path) -> ResultsFile:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ResultsError(f"{path.parent}: no results.json there (expected a folder written by opt-remat run)") from None
+        raise ResultsError(
+            f"{path.parent}: no results.json there (expected a folder written by opt-remat run)") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsError(f"{path}: cannot read it ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):

@@ -47,11 +47,13 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
     gap = doc.get("gap")
     print(f"solver {doc.get('solver')}, status {doc.get('status')}"
           + (f", gap {gap:.2%}" if isinstance(gap, (int, float)) else "")
-          + (f", solved in {format_seconds(doc['solve_time_s'])}" if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
+          + (f", solved in {format_seconds(doc['solve_time_s'])}"
+             if isinstance(doc.get("solve_time_s"), (int, float)) else ""))
     print(f"  graph {doc['graph_id']} ({doc.get('graph_nodes', len(doc['values']))} values)")
     budget = doc.get("budget")
     print(f"  saved for backward : {len(doc['saved']):5d} values, {format_bytes(doc.get('saved_bytes'))} predicted"
-          + (f" (budget {format_bytes(budget)}" + (f" = {doc['budget_spec']}" if doc.get("budget_spec") is not None else "")
+          + (f" (budget {format_bytes(budget)}"
+             + (f" = {doc['budget_spec']}" if doc.get("budget_spec") is not None else "")
              + ")" if budget is not None else ""))
     if doc.get("peak_bytes") is not None:
         print(f"  step peak          : {format_bytes(doc['peak_bytes'])} predicted"
@@ -66,7 +68,8 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
           f"{format_seconds(doc.get('recompute_cost'))}")
     if doc.get("message"):
         print(f"  note: {doc['message']}")
-    for title, members_all, metric in (("saved", doc["saved"], "bytes"), ("recomputed", doc.get("recomputed", []), "cost")):
+    for title, members_all, metric in (("saved", doc["saved"], "bytes"),
+                                       ("recomputed", doc.get("recomputed", []), "cost")):
         if not members_all:
             print(f"\n{title}: nothing")
             continue
@@ -78,7 +81,7 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
             info = nodes.get(n, {})
             label = op_label(info.get("op", "?"), info.get("role", ""))
             groups[label].append(n)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for op, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             if metric == "bytes":  # each storage once; graph inputs are free unless counted
                 storages = {nodes.get(m, {}).get("storage", m): nodes.get(m, {}).get("storage_bytes",
@@ -88,9 +91,11 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
             else:
                 total = sum(nodes.get(m, {}).get(metric, 0) or 0 for m in members)
             modules = sorted({nodes.get(m, {}).get("module", "") for m in members} - {""})
+            more_modules = f" (+{len(modules) - 4})" if len(modules) > 4 else ""
+            more_values = " ..." if len(members) > 6 else ""
             rows.append({"op": op, "count": len(members), metric: total,
-                         "modules": (", ".join(modules[:4]) + (f" (+{len(modules) - 4})" if len(modules) > 4 else "")) or "-",
-                         **({"values": ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")} if names else {})})
+                         "modules": (", ".join(modules[:4]) + more_modules) or "-",
+                         **({"values": ", ".join(members[:6]) + more_values} if names else {})})
         unit = column_unit(r[metric] for r in rows)  # one unit down the column
         for r in rows:
             r[metric] = format_bytes(r[metric], unit) if metric == "bytes" else format_seconds(r[metric])

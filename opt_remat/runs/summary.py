@@ -97,7 +97,7 @@ def compare_table(a: Sequence[Record], b: Sequence[Record], name_a: str, name_b:
     for key in list(ra) + [k for k in rb if k not in ra]:
         x, y = ra.get(key), rb.get(key)
 
-        def delta(field: str) -> str:
+        def delta(field: str, x: object = x, y: object = y) -> str:
             u, v = getattr(x, field, None), getattr(y, field, None)
             if not isinstance(u, (int, float)) or not isinstance(v, (int, float)):
                 return "-"

@@ -43,7 +43,7 @@ def jsonable(x: Any) -> Any:
         return None
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
-    if hasattr(x, "value") and isinstance(getattr(x, "value"), (str, int)):
+    if hasattr(x, "value") and isinstance(x.value, (str, int)):
         return x.value
     return str(x)
 

@@ -4,7 +4,7 @@ really hands to the backward, and a training step's loss and gradients against s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from solvers import Plan
 
@@ -72,7 +72,7 @@ def verify_gradients(cfg: Config, work: Workload, plan: Plan) -> StepCheck:
             work.reference = training_step(work.model, work.inputs, ref_be, seed=cfg.seed, loss_fn=work.loss_fn)
         torch._dynamo.reset()
         pfn = _PlanPartition(plan, work.graph_hash, work.request)
-        be = opt_remat.backend(compiler=cfg.compiler, decompositions=cfg.decompositions, partition_fn=pfn)  # type: ignore[arg-type]
+        be = opt_remat.backend(compiler=cfg.compiler, decompositions=cfg.decompositions, partition_fn=pfn)
         try:
             step = training_step(work.model, work.inputs, be, seed=cfg.seed, loss_fn=work.loss_fn)
         finally:
@@ -81,7 +81,7 @@ def verify_gradients(cfg: Config, work: Workload, plan: Plan) -> StepCheck:
     notes = []
     if pfn.calls != 1:
         notes.append(f"the step compiled to {pfn.calls} graphs")
-    banned = list((plan.extra or {}).get("recomputes_banned") or [])
+    banned = list(cast("list[str]", (plan.extra or {}).get("recomputes_banned") or []))
     if banned:
         notes.append(f"recomputes {len(banned)} value(s) opt-remat never recomputes (e.g. {', '.join(banned[:2])})")
     ok = check.ok and check.max_rel_error <= cfg.spec.verify.tolerance and pfn.calls == 1

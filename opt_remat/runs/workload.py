@@ -99,6 +99,7 @@ def make_inputs(cfg: Config, model: Any) -> tuple:
         elif dtype_name == "bool":
             out.append(torch.randint(0, 2, shape, generator=gen).bool())
         else:
+            assert high is not None  # an int input needs high (config_rules)
             out.append(torch.randint(int(low or 0), int(high), shape, generator=gen, dtype=dtype))
     return tuple(out)
 

@@ -51,7 +51,8 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     try:
         node = loader.get_single_node()
         if node is None:
-            raise ConfigError(f"{source}:1", "", "the file is empty: expected a mapping with model, budgets and solvers")
+            raise ConfigError(f"{source}:1", "",
+                              "the file is empty: expected a mapping with model, budgets and solvers")
         lines: dict[tuple, int] = {(): node.start_mark.line + 1}
         _walk(loader, node, (), lines, source)
         data = loader.construct_document(node)

@@ -122,5 +122,6 @@ def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = N
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
-                message=f"best {plan.solver} plan of the frontier under the peak budget: simulated peak {format_bytes(peak)}",
+                message=f"best {plan.solver} plan of the frontier under the peak budget: "
+                        f"simulated peak {format_bytes(peak)}",
                 extra={"peak": peak, "peak_budget": peak_budget})

@@ -140,7 +140,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
         need: dict[str, Any] = {v: m.new_bool_var("") for v in chosen}
         for w, n_w in need.items():
             m.add_implication(n_w, r(w))
-            made_by = []  # what w being made at or before tau needs: a consumer made by then
+            made_by: list[Any] = []  # what w being made at or before tau needs: a consumer made by then
             for u in users[w]:
                 if u in need:
                     m.add_bool_or([n_w, r(w).Not(), need[u].Not()])
@@ -151,9 +151,8 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
                     if rows.earliest.get(u, 1 << 62) <= tau:  # else no plan makes u by tau
                         made_by.append(r(u))
                 elif problem.can_recompute(u) and by_name[u].role is not Role.BACKWARD:
-                    made_by = None  # a consumer with no variable: no upper bound
-                    break
-            if made_by is not None:  # F(w) > tau: made only for a consumer
+                    break  # a consumer with no variable: no upper bound
+            else:  # F(w) > tau: made only for a consumer
                 m.add_bool_or([n_w.Not(), *made_by])
         # per counted storage, the literals (or conjunctions) that make it live at tau
         live: dict[str, list[Any]] = {}
@@ -185,9 +184,9 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
             for lo, hi, active in spans:
                 if lo <= tau < hi:
                     for c in active:
-                        conj = condition_literals(c, x, model)
-                        if conj is not None:
-                            live.setdefault(g, []).append(conj)
+                        literals = condition_literals(c, x, model)
+                        if literals is not None:
+                            live.setdefault(g, []).append(literals)
         terms, coefs = [], []
         for g, conjs in live.items():
             coef = size[g] // unit

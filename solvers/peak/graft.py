@@ -51,7 +51,7 @@ def graft_plans(problem: Problem, fitting: Iterable[str], cheaper: Iterable[Iter
                 got = _graft(problem, fitting, cheap, cuts[mid], cheap_after)
                 fits = (got is not None and got[1] <= peak_budget
                         and (budget is None or got[0].saved_bytes <= budget))
-                if fits and (best is None or got[0].recompute_cost < best[0].recompute_cost):
+                if fits and got is not None and (best is None or got[0].recompute_cost < best[0].recompute_cost):
                     best = got
                 # more of the cheap plan: an earlier cut when it goes after, a later one before
                 if fits == cheap_after:

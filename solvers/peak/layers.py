@@ -65,7 +65,7 @@ def find_layers(problem: Problem) -> Layers | None:
     width = min(len(s) for s in segments)
     by_name = problem.by_name
 
-    def label(v: str) -> tuple:
+    def label(v: str) -> tuple[object, ...]:
         node = by_name[v]
         return node.op, node.bytes, node.role, node.storage_id == v, problem.can_save(v)
 
@@ -138,7 +138,7 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     checkpoint-every-layer plan's saved set (each layer recomputes from its own input).
     ``apart``: groups of plans whose layers are also mixed among themselves only (the program
     is a model: one option that misleads it can spoil every plan it makes)."""
-    plans = [frozenset(saved) for saved in plans]
+    frozen = [frozenset(saved) for saved in plans]
     groups = [[frozenset(saved) for saved in group] for group in apart]
     chain = _Chain(problem, layers, frozenset(base))
     n_layers = len(layers.slots)
@@ -155,7 +155,7 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
                 for decided in [chain.option_of(saved, layer)] for kept in (keep, boundary)]
 
     counts: Counter[frozenset[int]] = Counter()
-    for saved in plans:
+    for saved in frozen:
         counts.update(options_of(saved))
     group_options = [[o for saved in group for o in options_of(saved)] for group in groups]
     for mine in group_options:
@@ -179,10 +179,10 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
         [p for p in [keep] + common if p != last_base], began + MEASURE_SHARE * span)
     out: list[tuple[Plan, int]] = []
     _bisect(chain, measure, _pareto(options), _pareto(last), peak_budget, budget, deadline, out)
-    for mine in map(set, group_options):
-        mine |= {keep, last_base}
-        _bisect(chain, measure, _pareto([o for o in options if o.positions in mine]),
-                _pareto([o for o in last if o.positions in mine]), peak_budget, budget, deadline, out)
+    for group_set in map(set, group_options):
+        group_set |= {keep, last_base}
+        _bisect(chain, measure, _pareto([o for o in options if o.positions in group_set]),
+                _pareto([o for o in last if o.positions in group_set]), peak_budget, budget, deadline, out)
     return out
 
 
@@ -248,7 +248,7 @@ def _bisect(chain: _Chain, measure: _Measure, options: list[_Option], last: list
         got = None if choice is None else seen[tuple(choice)]
         fits = got is not None and got[1].peak <= peak_budget and (
             budget is None or got[0].saved_bytes <= budget)
-        if fits:
+        if fits and got is not None:
             if not again:
                 out.append((got[0], got[1].peak))
             fit_at = target
@@ -302,8 +302,9 @@ def _best_chain(options: list[_Option], last: list[_Option], ref_peaks: list[int
     _, state = min(ends)
     choice: list[frozenset[int]] = []
     for step, table in zip(reversed(history), reversed(tables)):
-        _, prev, j = step[state]
-        choice.append(table[j].positions)
+        _, prev, option = step[state]
+        assert prev is not None and option is not None  # only the start state has none
+        choice.append(table[option].positions)
         state = prev
     choice.reverse()
     return choice

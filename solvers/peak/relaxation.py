@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..mip_model import Model
 from ..problem import Problem
@@ -30,9 +31,9 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
     """Least cost under the relaxation (and the saved-bytes ``budget``) by HiGHS, or by CP-SAT
     (``engine="cpsat"``: the same model, slower to prove on big graphs; the tests' cross-check;
     takes ``hint_saved``). ``fixed``: the program's variables pinned to these values (tests: a
-    true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows at those backward
-    steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
-    def extend(m, x) -> None:
+    true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows
+    at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries."""
+    def extend(m: Any, x: list[Any]) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
         if cuts is not None and cuts[1]:
             add_cut_rows(m, x, cuts[0], peak_budget, cuts[1])
@@ -66,7 +67,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                    solved.plan_saved)
 
 
-def _solve_relaxation_highs(model: Model, budget: int | None, extend, *,
+def _solve_relaxation_highs(model: Model, budget: int | None, extend: Callable[[Any, list[Any]], None], *,
                             time_limit_s: float, rel_gap: float, probing: bool) -> Relaxed:
     from ..highs import solve_with_highs
     from ..mip_cpsat import cpsat_program, saved_set

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..mip_model import Model
 from ..problem import Problem, Role
@@ -148,7 +148,7 @@ def storage_vars(problem: Problem, model: Model) -> dict[str, int]:
     return out
 
 
-def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[int, int, tuple]]]:
+def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[int, int, tuple[Any, ...]]]]:
     """Per counted storage, the spans ``[lo, hi)`` of backward positions where it is live under a
     condition on the plan (outside the spans ``C_k`` already counts it). Conditions: ``("s", v)``
     (v is saved), ``("r", w)`` (w is recomputed), ``("sr", v, w)`` (v saved, w recomputed).
@@ -180,11 +180,11 @@ def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[i
             same = by_name[w].storage_id == node.storage_id
             h = min(h, held.get(w, 0) if same else rows.earliest.get(w, 0))
         held[v] = h
-    out: dict[str, list[tuple[int, int, tuple]]] = {}
+    out: dict[str, list[tuple[int, int, tuple[Any, ...]]]] = {}
     for g, vs in members.items():
         if not problem.counts_memory(g):
             continue
-        segs: list[tuple[int, int, tuple]] = []
+        segs: list[tuple[int, int, tuple[Any, ...]]] = []
         for v in vs:  # a saved member holds the storage until held[v]
             if problem.can_save(v):
                 segs.append((0, min(held[v], n_steps), ("s", v)))
@@ -204,7 +204,8 @@ def storage_segments(problem: Problem, rows: PeakRows) -> dict[str, list[tuple[i
     return out
 
 
-def elementary_spans(rows: PeakRows, g: str, segs: list[tuple[int, int, tuple]]):
+def elementary_spans(rows: PeakRows, g: str, segs: list[tuple[int, int, tuple[Any, ...]]]
+                     ) -> Iterator[tuple[int, int, list[tuple[Any, ...]]]]:
     """The storage's spans cut where a condition starts or ends, outside its covered spans, each
     with the conditions active over all of it (the storage is live there if any holds)."""
     cov = rows.covered.get(g, [])
@@ -222,7 +223,7 @@ def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: 
     live bytes there: what the tests check)."""
     size = problem.storage_size
 
-    def holds(c: tuple) -> bool:
+    def holds(c: tuple[Any, ...]) -> bool:
         if c[0] == "s":
             return c[1] in saved
         if c[0] == "r":
@@ -242,7 +243,7 @@ def relaxed_live(problem: Problem, rows: PeakRows, saved: set[str], recomputed: 
     return out
 
 
-def condition_literals(c: tuple, x: list[Any], model: Model) -> list[Any] | None:
+def condition_literals(c: tuple[Any, ...], x: list[Any], model: Model) -> list[Any] | None:
     """A condition of ``storage_segments`` as the CP-SAT literals whose conjunction it is; None
     if the program has no variable for it (dropping a condition keeps the relaxation valid)."""
     if c[0] == "s":
@@ -266,7 +267,7 @@ def at_least_one(m: Any, lits: list[Any]) -> Any:
     return t
 
 
-def add_peak_rows(m, x: list, problem: Problem, model: Model, rows: PeakRows, peak_budget: int) -> None:
+def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: PeakRows, peak_budget: int) -> None:
     """Write the relaxation into a CP-SAT model ``m`` over the program's booleans ``x``. Bytes are
     counted in units rounded down (constants too), so the written conditions are implied by the
     exact ones: the relaxation stays a relaxation."""

@@ -83,7 +83,7 @@ SCHEDULE: tuple[Phase, ...] = (
 
 
 def seconds_for(state: PeakState, phase: Phase) -> float:
-    if phase.share == EFFORT or phase.share == END:
+    if isinstance(phase.share, str):  # EFFORT or END
         rest = state.effort_left() if phase.share == EFFORT else state.left()
         return max(rest - state.share(phase.keep), min(rest, STALL_MIN_S)) if phase.keep else rest
     return state.share(phase.share)

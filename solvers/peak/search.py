@@ -1,9 +1,10 @@
 """Local search over saved sets, judged by the exact step simulation (``solvers.liveness``).
 
 The relaxation (``solvers.peak.rows``) under-counts memory, so its plans can overshoot the
-budget, and near the smallest peaks it admits no plan that fits. This search needs no model: it moves between saved sets one flip at a time and
-simulates every candidate. Moves: save a value the backward recomputes; recompute a saved value;
-replace a saved value by the inputs it is made from. While the step's peak is over the budget, the
+budget, and near the smallest peaks it admits no plan that fits. This search needs no model: it moves
+between saved sets one flip at a time and simulates every candidate. Moves: save a value the
+backward recomputes; recompute a saved value; replace a saved value by the inputs it is made from.
+While the step's peak is over the budget, the
 move with the least added cost per byte of overshoot removed is taken (moves on values live at the
 peak first; two moves when no single one helps); once it fits, moves that lower the recompute cost
 (or the peak at equal cost) and keep it fitting are taken (first improvement), and a save that
@@ -192,8 +193,8 @@ def _descend_peak(judge: Judge, st: SearchState) -> SearchState:
         best, best_rate = st, None
         near = near_peak(problem, st)
         # moves near the peak first; the others only when none of those helps
-        for batch in (lambda: moves(problem, st, only=near), lambda: moves(problem, st, skip=near)):
-            for saved in batch():
+        for only, skip in ((near, None), (None, near)):
+            for saved in moves(problem, st, only=only, skip=skip):
                 if judge.out_of_time():
                     break
                 closed = judge.close(saved)
@@ -212,9 +213,10 @@ def _descend_peak(judge: Judge, st: SearchState) -> SearchState:
             if best is not st:
                 break
         if best is st:
-            best = _escape(judge, st, ESCAPE_WIDTH)
-            if best is None:
+            escaped = _escape(judge, st, ESCAPE_WIDTH)
+            if escaped is None:
                 break
+            best = escaped
         st = best
     return st
 

@@ -88,6 +88,7 @@ def _result(state: PeakState) -> Plan:
     return replace(best, solver="peak-search", budget=state.budget, solve_time_s=state.clock.elapsed(),
                    status=Status.OPTIMAL if closed else Status.FEASIBLE,
                    objective=cost, bound=lower, extra=extra,
-                   message=f"simulated peak {format_bytes(state.best_peak)} (peak budget {format_bytes(state.peak_budget)}); "
+                   message=f"simulated peak {format_bytes(state.best_peak)} "
+                           f"(peak budget {format_bytes(state.peak_budget)}); "
                            f"plan by {best.solver}; recompute cost within {rel_gap:.2%} of the "
                            "proven bound")

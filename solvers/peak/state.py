@@ -33,7 +33,7 @@ class Clock:
     def __init__(self, time_limit_s: float, values: int) -> None:
         self.start = time.perf_counter()
         self.hard_deadline = self.start + (1.0 - FINISH_SHARE) * float(time_limit_s)
-        scaled = time_limit_s * min(1.0, values / FULL_EFFORT_VALUES) ** EFFORT_POWER
+        scaled: float = time_limit_s * min(1.0, values / FULL_EFFORT_VALUES) ** EFFORT_POWER
         self.effort_s = min(float(time_limit_s), max(MIN_EFFORT_S, scaled))
         self.deadline = min(self.start + self.effort_s, self.hard_deadline)
 

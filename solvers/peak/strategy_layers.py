@@ -22,7 +22,7 @@ def worth_mixing(state: PeakState) -> bool:
         memory["layers"], memory["every"] = layers, every
         memory["mixing"] = layers is not None and every is not None \
             and every.recompute_cost <= LAYERS_MAX_COST_RATIO * state.bound
-    return memory["mixing"]
+    return bool(memory["mixing"])
 
 
 def run(state: PeakState, seconds: float) -> None:

@@ -16,10 +16,10 @@ import opt_remat
 import solvers
 from solvers.errors import OptRematError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # a KeyboardInterrupt (``except Exception`` must not catch a Ctrl-C) and a private signal that
 # carries a captured graph out of torch.compile: not errors
-NOT_ERRORS = {"opt_remat.errors.SolveInterrupted", "opt_remat.capture._Captured"}
+NOT_ERRORS = {"opt_remat.errors.SolveInterrupted", "opt_remat.cli.SolveStopped", "opt_remat.capture._Captured"}
 TORCH_FREE = ["solvers.errors", "opt_remat.errors", "opt_remat.formats.plan_file",
               "opt_remat.formats.checkmate_graph", "opt_remat.disk_cache", "opt_remat.plan_memory"]
 
@@ -83,9 +83,21 @@ def test_errors_formats_and_caches_import_no_torch():
 
 
 def test_plan_memory_and_profile_costs_share_the_cache_folder(tmp_path, monkeypatch):
+    pytest.importorskip("torch")  # profile_costs times ops with torch
     from opt_remat.disk_cache import cache_dir
     from opt_remat.plan_memory import memory_path
     from opt_remat.profile_costs import cache_path
     monkeypatch.setenv("OPT_REMAT_CACHE_DIR", str(tmp_path))
     assert cache_dir() == tmp_path
     assert cache_path().parent == memory_path("g").parent.parent == tmp_path
+
+
+def test_peak_budget_error_is_one_sentence_that_does_not_contradict_itself():
+    from opt_remat.errors import PeakBudgetError
+    at_floor = str(PeakBudgetError(100, 300, 300, further="peak-search"))
+    above = str(PeakBudgetError(100, 300, 200, further="peak-search"))
+    assert "searches further" not in at_floor and "no plan can peak below" in at_floor
+    assert "try solver 'peak-search', which searches further" in above and "200 bytes" in above
+    for text in (at_floor, above):
+        assert "(" + "it is" not in text and ") (" not in text and text.count(". ") == 0
+        assert "raise peak_budget to at least 300 bytes" in text

@@ -22,7 +22,7 @@ from solvers import catalog
 from solvers.problem import Problem, Role, Status, check_plan
 
 # shipped with the project (configs/data/checkmate/README.md says where they come from)
-GRAPH_DIR = Path(__file__).resolve().parents[1] / "configs" / "data" / "checkmate"
+GRAPH_DIR = Path(__file__).resolve().parents[2] / "configs" / "data" / "checkmate"
 HAS_MIP = importlib.util.find_spec("solvers.mip") is not None
 
 
@@ -206,7 +206,7 @@ def test_duplicate_id_and_bad_json(tmp_path: Path) -> None:
 def test_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util as iu
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_checkmate.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_checkmate.py"
     spec = iu.spec_from_file_location("bench_checkmate", path)
     assert spec is not None and spec.loader is not None
     bench = iu.module_from_spec(spec)

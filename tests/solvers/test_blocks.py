@@ -15,7 +15,7 @@ from solvers.liveness import narrow_cut_values
 from solvers.peak.layers import find_layers
 from solvers.symmetry import find_repeated
 
-F, B, I = Role.FORWARD, Role.BACKWARD, Role.INPUT
+F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
 
 
 def _model(n_blocks: int = 4, *, context: bool = True, block: str = "layers.{}",
@@ -24,7 +24,7 @@ def _model(n_blocks: int = 4, *, context: bool = True, block: str = "layers.{}",
     """A pre-norm residual stack: an embedding, blocks (norm, mlp, residual add), a head and a
     loss, and a backward through all of it. ``context``: the norms and the head read a weight
     input and the mlps a table made before the blocks (paths that bypass the residual stream)."""
-    nodes = [Node("x", I, bytes=64), Node("w", I, bytes=64),
+    nodes = [Node("x", IN, bytes=64), Node("w", IN, bytes=64),
              Node("emb", F, ("x", "w"), bytes=100, cost=1.0, module="embed")]
     mods = {"embed": "pkg.Embedding", "head": "pkg.Linear", "rope": "pkg.Rope"}
     if context:
@@ -116,7 +116,7 @@ def test_checkpoint_every_k_saves_block_inputs_only(every: int) -> None:
     assert check_plan(p, plan).valid
     groups = find_blocks(p).boundaries
     chosen = {v for g in groups[every - 1::every] for v in g}
-    saved = {v for v in plan.saved if p.by_name[v].role is not I}
+    saved = {v for v in plan.saved if p.by_name[v].role is not IN}
     assert saved == chosen  # nothing inside the blocks, nothing of the head
     assert plan.extra["boundary_mode"] == "modules" and plan.extra["n_boundaries"] == 7
 
@@ -168,7 +168,7 @@ def test_outermost_container_wins_and_parents_merge() -> None:
 
 def test_interleaved_modules_are_not_a_chain() -> None:
     # two indexed branches whose forward values interleave run side by side: not blocks
-    nodes = [Node("x", I, bytes=8)]
+    nodes = [Node("x", IN, bytes=8)]
     for step in range(3):
         for br in range(2):
             prev = "x" if step == 0 else f"b{br}_{step - 1}"

@@ -159,7 +159,7 @@ def test_derived_data_is_computed_once_per_problem_and_not_compared():
 def test_no_module_writes_into_a_problem_outside_its_own():
     """Derived data goes through ``Problem.derived``: no other module reaches into ``__dict__``."""
     import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     offenders = [str(p.relative_to(root)) for folder in ("solvers", "opt_remat")
                  for p in (root / folder).rglob("*.py")
                  if p.name != "problem.py" and "problem.__dict__" in p.read_text()]

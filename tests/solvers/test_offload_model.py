@@ -16,14 +16,14 @@ from solvers.offload import (
     offloaded_curve,
 )
 
-F, B, I = Role.FORWARD, Role.BACKWARD, Role.INPUT
+F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
 
 
 def _problem() -> Problem:
     """x -> a (1 s) -> b (1 s) -> c(a, b) (4 s) -> d (4 s) -> out (1 s); the backward reads d, c, b, a
     in turn (g1..g4: 2, 2, 1, 1 s). Values 100 B, out 8 B, the tangent 0 B."""
     return Problem((
-        Node("x", I),
+        Node("x", IN),
         Node("a", F, ("x",), 100, cost=1.0),
         Node("b", F, ("a",), 100, cost=1.0),
         Node("c", F, ("a", "b"), 100, cost=4.0),
@@ -90,7 +90,7 @@ def _plan(saved, offloaded):
 
 def test_errors_name_what_cannot_be_offloaded():
     problem = Problem((
-        Node("x", I),
+        Node("x", IN),
         Node("a", F, ("x",), 100, cost=1.0),
         Node("v", F, ("a",), 100, storage="a"),  # a view of a
         Node("w", F, ("a",), 300, cost=1.0, offload_ban="non-contiguous (torch's pass refuses it)"),
@@ -117,6 +117,7 @@ def test_link_presets():
 
 
 def test_device_profiles_carry_the_link():
+    pytest.importorskip("torch")  # opt_remat.costs and .offload are the torch side's
     from opt_remat.costs import get_profile
     from opt_remat.offload import host_link
     assert host_link("h100") == link_for("h100")
