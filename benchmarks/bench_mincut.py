@@ -77,7 +77,8 @@ def main() -> None:
             times["torch"].append(_timed(
                 clock, lambda j=j, n=n: min_cut_rematerialization_partition(j.module, None, num_fwd_outputs=n)))
             j = joint.copy()
-            times["whole"].append(_timed(clock, lambda j=j, n=n: opt_remat.partitioner()(j.module, None, num_fwd_outputs=n)))
+            times["whole"].append(_timed(
+                clock, lambda j=j, n=n: opt_remat.partitioner()(j.module, None, num_fwd_outputs=n)))
             j = joint.copy()
             times["gc on"].append(_timed(clock, lambda j=j, n=n: opt_remat.partitioner()._partition(j.module, None, n,
                                                                                                   None)))

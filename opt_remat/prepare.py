@@ -11,7 +11,7 @@ and ``classify`` computes torch's ``NodeInfo`` without copying the forward out o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import sympy
 import torch

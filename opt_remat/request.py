@@ -14,7 +14,9 @@ from typing import Any, Collection, Mapping
 
 from solvers import catalog
 from solvers.budget import Fraction, parse_budget
-from solvers.training import TrainingSetup, TrainingSetupError, training_setup
+from solvers.errors import TrainingSetupError
+from solvers.training import TrainingSetup, training_setup
+
 from .formats.plan_file import read_plan_file
 
 from .costs import DeviceProfile, get_profile

@@ -13,7 +13,6 @@ from torch._functorch import partitioners as tp
 from torch._inductor import config as inductor_config
 
 import opt_remat.api as api
-import opt_remat.road as road
 import opt_remat.extract as extract
 import opt_remat.lower as lower
 import opt_remat.road as road
