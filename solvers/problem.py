@@ -80,6 +80,8 @@ class Problem:
     # module path -> its class ("pkg.mod.LlamaDecoderLayer"), for every module a node's path runs
     # through: repeated blocks are indexed modules of one class (``solvers.blocks``)
     module_classes: Mapping[str, str] = field(default_factory=dict)
+    # banned value -> why it may not be recomputed ("random op", "custom op ... tagged ..."), for reports
+    ban_reasons: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
