@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch._functorch import partitioners as tp
 from torch._inductor.fx_utils import get_node_storage
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -25,7 +26,14 @@ from torch.utils.checkpoint import CheckpointPolicy
 from solvers import Node, Problem, Role
 
 from .canonical import clean_source
-from .costs import DeviceProfile, bytes_moved, get_profile, node_flops, roofline_seconds, tensor_bytes
+from .costs import (
+    DeviceProfile,
+    bytes_moved,
+    get_profile,
+    node_flops,
+    roofline_seconds,
+    tensor_bytes,
+)
 from .prepare import classify, prepare_joint
 from .rng_replay import STATE_META, dropout_is_off, rng_state_capture, state_nodes
 from .tags import resolve_tag_conflicts

@@ -4,15 +4,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 VOCAB, HIDDEN, LAYERS = 128, 64, 2
-BATCH, SEQ = 2, 32
+BATCH, SEQ = 4, 128
 _DECODER: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
                                 num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=64)
+                                max_position_embeddings=256)
 MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16)),
     # sliding and global attention layers
@@ -29,7 +30,7 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
                 num_heads=4, decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)),
     "opt": ("OPTConfig", "OPTForCausalLM",
             dict(vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=128, num_hidden_layers=LAYERS, num_attention_heads=4,
-                 max_position_embeddings=64, word_embed_proj_dim=HIDDEN, dropout=0.0)),
+                 max_position_embeddings=256, word_embed_proj_dim=HIDDEN, dropout=0.0)),
 }
 
 

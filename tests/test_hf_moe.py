@@ -8,13 +8,13 @@ import torch
 
 pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
 
-import opt_remat  # noqa: E402  (after the skip)
-from opt_remat.build import classify, problem_from_joint  # noqa: E402
-from opt_remat.capture import capture  # noqa: E402
-from opt_remat.torch_reference import torch_plan  # noqa: E402
-from opt_remat.verify import compare_steps, save_all_backend, training_step  # noqa: E402
-from solvers import check_plan  # noqa: E402
-from tests.hf_small import factory, inputs  # noqa: E402
+import opt_remat
+from opt_remat.build import classify, problem_from_joint
+from opt_remat.capture import capture
+from opt_remat.torch_reference import torch_plan
+from opt_remat.verify import compare_steps, save_all_backend, training_step
+from solvers import check_plan
+from tests.hf_small import factory, inputs
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
