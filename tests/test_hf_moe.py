@@ -90,3 +90,17 @@ def test_impure_custom_ops_stay_banned_with_the_reason():
     assert not by_op["optrematt.pure.default"].banned
     assert by_op["optrematt.noisy.default"].banned
     assert "nondeterministic_seeded" in problem.ban_reasons[by_op["optrematt.noisy.default"].name]
+
+
+def test_the_plans_report_says_why_values_are_never_recomputed():
+    from opt_remat.report import describe_plan
+    from solvers.baselines import save_all
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.dropout(x.sin(), 0.5).cos().sum()
+
+    _, problem = problem_from_joint(capture(Noisy(), (torch.randn(4, 8, requires_grad=True),)),
+                                    rng_replay=False)
+    assert "random op" in set(problem.ban_reasons.values())
+    assert "never recomputed   : random op x" in describe_plan(problem, save_all(problem))
