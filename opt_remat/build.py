@@ -76,8 +76,9 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     if target is rng_state_capture:
         return "RNG state (saved to replay a random op)"
     if not replayable and (op_types.is_random(node) or (seeded and not dropout_is_off(node))):
-        custom = isinstance(target, torch._ops.OpOverload) and target.namespace not in _ALLOWED_NAMESPACES
-        return _custom_op_ban(target, seeded) if custom else "random op"
+        if isinstance(target, torch._ops.OpOverload) and target.namespace not in _ALLOWED_NAMESPACES:
+            return _custom_op_ban(target, seeded) or "random op"
+        return "random op"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return "higher-order op"
     if isinstance(target, torch._ops.OpOverload):
