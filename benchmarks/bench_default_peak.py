@@ -12,8 +12,9 @@ default's cost is set beside torch's; and 0.7 / 0.85 x the peak of the min-cut p
 h100 roofline), where it is set beside ``cpsat``'s (``--time-limit``). Big rows (``--big``): the
 LLaMA-7B shape (batch 8 x 2048, bf16, fake capture; ``bench_peak_scale``'s harness) of HF
 Llama/Mistral, ``opt_remat.models.llama`` and a LLaMA with its RoPE tables computed inside each
-block (``rope-7b``, below) at 0.3/0.45/0.6/0.8 x the min-cut peak. Each default solve is fresh:
-no plans remembered.
+block (``rope-7b``, below) at 0.3/0.45/0.6/0.8 x the min-cut peak. Each solve is fresh: no
+plans remembered; the default gets the min-cut plan at the h100's lam as a candidate, as
+``opt_remat.partitioner`` gives it.
 """
 
 from __future__ import annotations
@@ -111,9 +112,12 @@ def _capture_big(name: str):
 def _solve(problem: Problem, solver: str | None, budget: int, time_limit: float) -> dict[str, Any]:
     """Cost, peak and seconds of one fresh peak solve (None cost: refused)."""
     options = {"time_limit_s": time_limit} if solver else None
+    # the drop-in default gets the min-cut plan at the device's lam as a candidate, as
+    # opt_remat.partitioner gives it
+    lam = None if solver else auto_lam(get_profile("h100"))
     start = time.perf_counter()
     try:
-        plan = choose_peak_plan(problem, solver, budget, None, options)
+        plan = choose_peak_plan(problem, solver, budget, None, options, default_lam=lam)
     except PeakBudgetError:
         return {"cost": None, "peak": None, "s": time.perf_counter() - start, "gap": None, "by": "refused"}
     return {"cost": plan.recompute_cost, "peak": plan.extra["peak"], "s": time.perf_counter() - start,
