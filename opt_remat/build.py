@@ -3,7 +3,7 @@
 Nodes are classified as torch's partitioner does (``classify_nodes``); sizes come from
 ``meta["val"]`` (symbolic sizes through their hints), storages from the fake tensors' storages
 (views share their base's), and bans from random ops, ops with side effects, collectives,
-non-aten ops and the ``recompute`` tags of selective activation checkpointing (their conflicts
+custom ops that are not pure functions (``_custom_op_ban``) and the ``recompute`` tags of selective activation checkpointing (their conflicts
 with bans are settled in ``tags``). Each value keeps the path of the module that made it, and the
 problem the class of every module on those paths (``module_stack``): its repeated blocks are read
 from them (``solvers.blocks``).
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch._functorch import partitioners as tp
 from torch._inductor.fx_utils import get_node_storage
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -35,6 +36,7 @@ from .tags import resolve_tag_conflicts
 
 
 _ALLOWED_NAMESPACES = {"aten", "prims"}
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "_dtensor", "c10d"}
 
 
 def _impurity() -> Callable[[fx.Node], bool]:
@@ -68,17 +70,36 @@ def _ban_reason(node: fx.Node, op_types: tp.OpTypes, replayable: bool = False,
     if target is rng_state_capture:
         return "RNG state (saved to replay a random op)"
     if not replayable and (op_types.is_random(node) or (seeded and not dropout_is_off(node))):
+        if isinstance(target, torch._ops.OpOverload) and target.namespace not in _ALLOWED_NAMESPACES:
+            return _custom_op_ban(target, seeded) or "random op"
         return "random op"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return "higher-order op"
     if isinstance(target, torch._ops.OpOverload):
-        if target.namespace not in _ALLOWED_NAMESPACES:
-            return f"non-aten op ({target.namespace})"  # collectives and custom ops: unknown effects
         if target._schema.is_mutable:
             return "mutating op"
+        if target.namespace not in _ALLOWED_NAMESPACES:
+            reason = _custom_op_ban(target, seeded)
+            if reason is not None:
+                return reason
     if not seeded and impure(node):  # FX calls seeded ops impure for their randomness alone
         return "side effects"
     return None
+
+
+def _custom_op_ban(target: torch._ops.OpOverload, seeded: bool) -> str | None:
+    """Why a non-aten op may not be recomputed, or None: as torch's partitioner treats custom ops,
+    one with a functional schema (no mutated or aliased outputs), no ``nondeterministic_seeded``
+    tag and no registered effects is a pure function of its inputs (HF's
+    ``transformers.grouped_mm_fallback`` experts); collectives talk to other ranks."""
+    name = f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    if target.namespace in _COLLECTIVE_NAMESPACES:
+        return f"collective ({name})"
+    if seeded:
+        return f"custom op {name} tagged nondeterministic_seeded (random)"
+    if any(r.alias_info is not None for r in target._schema.returns):
+        return f"custom op {name} returns an alias of an input"
+    return None  # effectful ones are banned by the side-effect check after this
 
 
 def module_stack(node: fx.Node) -> tuple[tuple[str, str], ...]:
@@ -319,7 +340,8 @@ def build_problem(
                    forward_outputs=frozenset(n.name for n in fwd_out_nodes),
                    backward_outputs=frozenset(n.name for n in bwd_out_nodes),
                    module_classes=module_classes,
-                   parameters=parameters_of(joint_module, input_roles, list(bwd_outputs)))
+                   parameters=parameters_of(joint_module, input_roles, list(bwd_outputs)),
+                   ban_reasons={n.name: ban_reasons[n.name] for n in nodes if n.banned and n.name in ban_reasons})
 
 
 def problem_from_joint(joint: Any, *, device: str | DeviceProfile | Mapping[str, Any] = "h100",

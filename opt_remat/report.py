@@ -68,6 +68,9 @@ def describe_plan(problem: Problem, plan: Plan, *, top: int = 8) -> str:
         ops = counts_by_op(problem, names)[:top]
         if ops:
             lines.append(f"  {title:10s} by op: " + ", ".join(f"{op} x{n}" for op, n in ops))
+    reasons = Counter(getattr(problem, "ban_reasons", {}).values()).most_common(top)
+    if reasons:  # why values the plan may not recompute are saved (random ops, impure custom ops)
+        lines.append("  never recomputed   : " + ", ".join(f"{why} x{n}" for why, n in reasons))
     if plan.message:
         lines.append(f"  note: {plan.message}")
     return "\n".join(lines)

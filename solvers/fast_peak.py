@@ -3,47 +3,62 @@
 Every plan is judged by the exact simulation of the step (``solvers.liveness``):
 
 * checkpointing every k-th block (``solvers.baselines.uniform_checkpoints``, k in ``EVERY`` and
-  sqrt(n)): what ``torch.utils.checkpoint`` users write by hand;
+  sqrt(n)): what ``torch.utils.checkpoint`` users write by hand; checkpoints at the forward's
+  narrow cuts (``solvers.peak.candidates.checkpoint_plans``): low peaks where blocks are unknown;
 * min-cut plans across the memory/recompute trade-off (``LAMS`` weights between the extremes of
-  ``solvers.mincut.lam_range``, and the caller's default ``lam``);
+  ``solvers.mincut.lam_range``);
 * callers' plans (plans remembered from earlier solves of the graph, the default path's);
 * on graphs of repeated layers, the layer-mix dynamic program of ``solvers.peak.layers`` over
   all of the above, based on checkpointing every layer: each layer takes its decisions from a
-  different plan.
+  different plan;
+* on small graphs (``relaxed_plans.MAX_VALUES``), the plans of the peak search's relaxation
+  (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, re-solved at lowered budgets), often
+  optimal there; a budget the relaxation admits no plan under is refused at once;
+* the budget those plans leave unused is spent (``solvers.peak.spend``): from the cheapest plans
+  that fit, recomputed values are saved back, most recompute per byte first, while the step
+  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first.
 
-The cheapest plan that fits wins (ties: fewer saved bytes). Where none fits, or the graph has no
-repeated layers, the frontier of ``solvers.peak.candidates.mincut_under_peak`` (checkpoints at
-the forward's narrow cuts too) is tried before refusing. The work is bounded by counts, never by
-a clock, so the same problem and budget give the same plan. ``cpsat`` (``solvers.peak``) is the
-search with a proven gap.
+The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
+(simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
+plan on any machine. ``cpsat`` (``solvers.peak``) is the search with a proven gap.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import weakref
-from typing import Iterable, cast
+from collections.abc import Iterable
 
 from .baselines import uniform_checkpoints
 from .budget import format_bytes
 from .errors import InfeasibleError, PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
-from .peak.candidates import cheapest_fitting, mincut_under_peak
+from .peak.candidates import cheapest_fitting, checkpoint_plans
 from .peak.layers import find_layers, layer_plans
+from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
+from .peak.relaxed_plans import relaxed_plans
+from .peak.search import SearchState
+from .peak.spend import fit_then_spend, spend_budget
 from .problem import Plan, Problem, Status, plan_from_saved
 
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
-# min-cut weights between lam_range's extremes (geometric), beside the caller's lam: their plans'
-# layers are the layer mix's options, so fewer weights give a faster but costlier mix
+# min-cut weights between lam_range's extremes (geometric): their plans' layers are the layer
+# mix's options, so fewer weights give a faster but costlier mix
 LAMS = 6
+# simulations spent on spending the budget, in node-simulations (a simulation of an n-node step
+# counts n): a 700-node graph gets ~360 simulations, the 7B shape's ~60; between these bounds
+SPEND_WORK = 250_000
+SPEND_MIN, SPEND_MAX = 40, 600
+# the cheapest fitting plans the budget is spent from, and the lowest-peak plans descended when
+# none fits
+SPEND_STARTS = 2
+DESCEND_STARTS = 2
 
 
 def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
-                   candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
-                   lam: float | None = None) -> Plan:
+                   candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
     """The cheapest plan found (see the module doc) whose simulated step peak is at most
     ``peak_budget`` bytes and whose saved bytes are at most ``budget``. Raises
     PeakInfeasibleError naming the smallest peak found when none fits.
@@ -51,27 +66,25 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
     start = time.perf_counter()
     if not count_gradients:
         problem = without_gradients(problem)
-    pool = _pool(problem, lam, candidates)
-    best = cheapest_fitting(pool, peak_budget, budget)
+    pool = _pool(problem, candidates)
+    found = list(pool)
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
         # no deadline: the options measured are bounded by the pool's distinct layers
-        mixed = layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
-                            budget, deadline=math.inf)
-        best = cheapest_fitting(([best] if best else []) + mixed, peak_budget, budget)
-    if best is None or layers is None:
-        try:
-            found = mincut_under_peak(problem, peak_budget, budget)
-        except PeakInfeasibleError as exc:
-            if best is None:
-                smallest = min([peak for _, peak in pool] + ([exc.min_peak] if exc.min_peak else []),
-                               default=None)
-                raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem)) from None
-        else:
-            found_peak = cast(int, found.extra["peak"])
-            best = cheapest_fitting(([best] if best else []) + [(found, found_peak)], peak_budget, budget)
-    assert best is not None
+        found += layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
+                             budget, deadline=math.inf)
+    proven = False
+    if len(problem.candidates) <= RELAXED_MAX_VALUES:
+        relaxed = relaxed_plans(problem, peak_budget, budget)
+        found += relaxed.plans
+        proven = relaxed.infeasible
+    if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
+        found += _spent(problem, found, peak_budget, budget)
+    best = cheapest_fitting(found, peak_budget, budget)
+    if best is None:
+        smallest = min((peak for p, peak in found if budget is None or p.saved_bytes <= budget), default=None)
+        raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="default", status=Status.HEURISTIC,
@@ -81,16 +94,44 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                 extra={"peak": peak, "peak_budget": peak_budget, "found_by": _origin(plan)})
 
 
+def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
+           budget: int | None) -> list[tuple[Plan, int]]:
+    """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
+    by the same count of simulations."""
+    evaluations = max(SPEND_MIN, min(SPEND_MAX, SPEND_WORK // max(1, len(problem.nodes))))
+    fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
+                     key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
+    states: list[SearchState | None] = []
+    starts: list[frozenset[str]] = []
+    for plan, _ in fitting:
+        if plan.saved not in starts and len(starts) < SPEND_STARTS:
+            starts.append(plan.saved)
+    for saved in starts:
+        states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
+    if not fitting:
+        # the lowest peaks of the structural plans and of the others (relaxation's: cheaper)
+        order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
+        lowest = order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
+        for plan, _ in lowest:
+            states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))
+    out = []
+    for st in states:
+        if st is not None:
+            plan = plan_from_saved(problem, st.saved, solver="spent", status=Status.HEURISTIC)
+            out.append((plan, st.peak))
+    return out
+
+
 def _origin(plan: Plan) -> str:
     if plan.solver == "uniform":
         return f"checkpoint every {plan.extra.get('every')}"
     return {"layers": "layer mix", "mincut": "min-cut frontier", "checkpoint": "narrow-cut checkpoint",
-            "candidate": "offered"}.get(plan.solver, plan.solver)
+            "candidate": "offered", "spent": "budget spent", "relaxation": "relaxation"}.get(plan.solver, plan.solver)
 
 
-def _pool(problem: Problem, lam: float | None, candidates: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
+def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
     """Checkpointing, min-cut and offered plans, each once, with their simulated peaks."""
-    out = list(_structural(problem, lam))
+    out = _structural_plans(problem)
     seen = {plan.saved for plan, _ in out}
     for saved in candidates:
         try:
@@ -103,19 +144,7 @@ def _pool(problem: Problem, lam: float | None, candidates: Iterable[Iterable[str
     return out
 
 
-# the budget-free part of the pool, per problem object (a sweep of budgets computes it once)
-_STRUCTURAL: dict[tuple[int, float | None], list[tuple[Plan, int]]] = {}
-
-
-def _structural(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
-    key = (id(problem), lam)
-    if key not in _STRUCTURAL:
-        _STRUCTURAL[key] = _structural_plans(problem, lam)
-        weakref.finalize(problem, _STRUCTURAL.pop, key, None)
-    return _STRUCTURAL[key]
-
-
-def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, int]]:
+def _structural_plans(problem: Problem) -> list[tuple[Plan, int]]:
     """Checkpointing and min-cut plans, each once, with their simulated peaks."""
     bounds_n: int | None = None
     plans: list[Plan] = []
@@ -128,8 +157,7 @@ def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, i
             checkpoints += uniform_checkpoints(problem, (root,))
     plans += checkpoints
     lo, hi = lam_range(problem)
-    lams = [lo * (hi / max(lo, 1e-300)) ** (i / (LAMS - 1)) for i in range(LAMS)]
-    for weight in ([lam] if lam is not None else []) + lams:
+    for weight in [lo * (hi / max(lo, 1e-300)) ** (i / (LAMS - 1)) for i in range(LAMS)]:
         try:
             plans.append(solve_mincut(problem, weight))
         except InfeasibleError:
@@ -140,4 +168,8 @@ def _structural_plans(problem: Problem, lam: float | None) -> list[tuple[Plan, i
         if plan.saved not in seen:
             seen.add(plan.saved)
             out.append((plan, simulate_plan(problem, plan.saved).peak))
+    for plan, peak in checkpoint_plans(problem):  # narrow cuts: the lowest peaks where blocks are unknown
+        if plan.saved not in seen:
+            seen.add(plan.saved)
+            out.append((plan, peak))
     return out

@@ -96,6 +96,8 @@ class Problem:
     module_classes: Mapping[str, str] = field(default_factory=dict)
     # the trained parameters among the inputs (empty when unknown: a published graph file)
     parameters: tuple[Parameter, ...] = ()
+    # banned value -> why it may not be recomputed ("random op", "custom op ... tagged ..."), for reports
+    ban_reasons: Mapping[str, str] = field(default_factory=dict)
     # what other modules derive from the problem, kept with it (``derived``); not an init field, so
     # ``with_nodes`` and ``dataclasses.replace`` start the new problem with none
     _derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)

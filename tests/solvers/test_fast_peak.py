@@ -107,7 +107,8 @@ def test_a_remembered_plan_that_fits_and_costs_less_wins_and_survives_the_proces
         assert plan_memory.recall(key) == [exact.saved]
         got = choose_peak_plan(p, "mincut", loose, None, memory=key)
         assert got.recompute_cost <= exact.recompute_cost + 1e-9 < alone.recompute_cost
-        assert got.extra["found_by"] in ("remembered plan", "offered") and got.extra["peak"] <= loose
+        # the remembered plan wins, or the budget it leaves is spent from it
+        assert got.extra["found_by"] in ("remembered plan", "offered", "budget spent") and got.extra["peak"] <= loose
         assert simulate_plan(p, got.saved).peak == got.extra["peak"] and check_plan(p, got).valid
         used += 1
         if used >= 2:

@@ -1,0 +1,98 @@
+"""Spending a peak budget a plan leaves unused: from a plan that fits, save recomputed values
+again, most recompute saved per byte first, while the simulated step still fits.
+
+The fast default's plans (checkpointing, min-cut, their layer mix) often peak well under the
+budget; each value saved back removes its recomputation (and that of what only it needed). The
+work is bounded by a count of simulations, never by a clock: the same plan and budget give the
+same result on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ..problem import Problem
+from .search import Judge, SearchState, _descend_peak
+
+# graphs up to this many nodes rank values by their closures' exact gains and bytes
+EXACT_RANK_MAX_NODES = 2000
+
+
+def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
+                 max_evaluations: int, judge: Judge | None = None) -> SearchState | None:
+    """The plan reached from ``saved`` (a plan that fits) by saving recomputed values back, one
+    at a time, the largest recompute gain per added saved byte first, each kept if the step still
+    fits; a value that overshoots is not tried again. At most ``max_evaluations`` simulations.
+    None when ``saved`` is no valid plan or does not fit."""
+    judge = judge or Judge(problem, peak_budget, budget, math.inf, max_evaluations)
+    closed = judge.close(saved)
+    if closed is None:
+        return None
+    st = judge.state(closed)
+    if judge.over(st) > 0:
+        return None
+    rejected: set[str] = set()
+    # passes down the ranking: the ranking is made once per pass (closures of every recomputed
+    # value), each value's move closed again against the plan it meets
+    while st.cost > 0 and not judge.out_of_time():
+        accepted = False
+        for v in _ranked(problem, judge, st, rejected):
+            if judge.out_of_time():
+                return st
+            if v not in st.recomputed:
+                continue  # saved back with an earlier one, or no longer needed
+            moved = judge.close(st.saved | {v})
+            if moved is None or moved[2] >= st.cost:
+                continue
+            cand = judge.state(moved)
+            if judge.over(cand) == 0:
+                st, accepted = cand, True
+            else:
+                rejected.add(v)  # saving more rarely lowers the peak again: not retried
+        if not accepted:
+            break
+    return st
+
+
+def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str]) -> list[str]:
+    """Recomputed values worth saving back, the largest recompute gain per added byte first. On
+    big graphs (``EXACT_RANK_MAX_NODES``) the gain is the value's own cost and the bytes its own
+    storage's (a closure per recomputed value per pass took most of a minute at 7B)."""
+    index = problem.index
+    tol = 1e-12 * max(st.cost, 1e-300)
+    ranked = []
+    saved_storages = {problem.by_name[s].storage_id for s in st.saved}
+    approximate = len(problem.nodes) > EXACT_RANK_MAX_NODES
+    for v in sorted(st.recomputed, key=index.__getitem__):
+        if v in rejected or not problem.can_save(v):
+            continue
+        if approximate:
+            gain = problem.recompute_cost_of(v)
+            storage = problem.by_name[v].storage_id
+            added = 0 if storage in saved_storages else problem.storage_size.get(storage, 0)
+            if gain > tol:
+                ranked.append((-gain / max(added, 1), index[v], v))
+            continue
+        moved = judge.close(st.saved | {v})
+        if moved is None or st.cost - moved[2] <= tol:
+            continue
+        added = problem.saved_bytes(moved[0]) - st.saved_bytes
+        ranked.append((-(st.cost - moved[2]) / max(added, 1), index[v], v))
+    ranked.sort(key=lambda r: r[:2])
+    return [v for _, _, v in ranked]
+
+
+def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
+                   max_evaluations: int) -> SearchState | None:
+    """From a plan that may overshoot (a cheap one: min-cut at a high weight): the local search's
+    descent on the overshoot (``search._descend_peak``, least added cost per byte removed) until it
+    fits, then ``spend_budget``; both within ``max_evaluations`` simulations. None if it never fits."""
+    judge = Judge(problem, peak_budget, budget, math.inf, max_evaluations)
+    closed = judge.close(saved)
+    if closed is None:
+        return None
+    st = _descend_peak(judge, judge.state(closed))
+    if judge.over(st) > 0:
+        return None
+    return spend_budget(problem, st.saved, peak_budget, budget, max_evaluations=max_evaluations, judge=judge)
