@@ -103,7 +103,9 @@ def _capture_small(name: str):
 
 def _capture_big(name: str):
     if name == "rope-7b":
-        factory = lambda: RopeBlockLlama(layers=32, d_model=4096, heads=32, hidden=11008, vocab=32000)
+        def factory() -> RopeBlockLlama:
+            return RopeBlockLlama(layers=32, d_model=4096, heads=32, hidden=11008, vocab=32000)
+
         return capture(factory, (torch.zeros(8, 2048, dtype=torch.long),), meta=True, dtype=torch.bfloat16)
     from benchmarks.bench_peak_scale import _capture
     return _capture(name)

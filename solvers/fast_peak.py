@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from typing import cast
 
 from .baselines import uniform_checkpoints
 from .budget import format_bytes

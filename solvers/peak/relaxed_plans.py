@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..liveness import simulate_plan
 from ..mip_model import build_model, presolve
-from ..problem import Plan, PlanError, Problem, Status, plan_from_saved
+from ..errors import PlanError
+from ..problem import Plan, Problem, Status, plan_from_saved
 from .relaxation import solve_relaxation
 from .rows import peak_rows
 
