@@ -4,9 +4,9 @@ Nodes are classified as torch's partitioner does (``classify_nodes``); sizes com
 ``meta["val"]`` (symbolic sizes through their hints), storages from the fake tensors' storages
 (views share their base's), and bans from random ops, ops with side effects, collectives,
 custom ops that are not pure functions (``_custom_op_ban``) and the ``recompute`` tags of
-selective activation checkpointing (their conflicts with bans are settled in ``tags``). Each value keeps the path of the module that made it, and the
-problem the class of every module on those paths (``module_stack``): its repeated blocks are read
-from them (``solvers.blocks``).
+selective activation checkpointing (their conflicts with bans are settled in ``tags``). Each value
+keeps the path of the module that made it, and the problem the class of every module on those
+paths (``module_stack``): its repeated blocks are read from them (``solvers.blocks``).
 """
 
 from __future__ import annotations
