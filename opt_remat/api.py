@@ -104,7 +104,8 @@ class Partitioner:
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
-    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
+    # offload one of the planner's choices; a mapping (host_memory, min_bytes) means True with those
+    offload: bool | Mapping[str, Any] = False
     history: list[PartitionRecord] = field(default_factory=list)
     # set by ``backend()`` while it compiles: the dynamo graph's input roles, and its settings
     input_roles: list[str] | None = None
@@ -178,7 +179,7 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
                 rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
-                offload: bool = False, **options: Any) -> Partitioner:
+                offload: bool | Mapping[str, Any] = False, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
     ``budget``: saved-activation bytes (int or "512MiB"), or a float in [0, 1] with the meaning of
@@ -202,7 +203,11 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     instead of the roofline estimate of ``device``. ``verbose``: each solve's phase, best cost,
     bound and gap on stderr as they change, then the plan found. Offload (``opt_remat.offload``):
     MUST_CPU_OFFLOAD values are saved and offloaded, ``should_offload`` marks too with torch's
-    ``enable_activation_offloading``; ``offload=True`` offloads PREFER_CPU_OFFLOAD values as well.
+    ``enable_activation_offloading``; ``offload=True`` makes offload one of the planner's choices:
+    under a peak budget it weighs keeping, offloading (PREFER_CPU_OFFLOAD values included) and
+    recomputing each value for the least added step time (``solvers.offload_plan``); without one,
+    PREFER_CPU_OFFLOAD values are offloaded. ``offload={"host_memory": "64GiB", "min_bytes":
+    "1MiB"}``: the same with a host-memory cap and the smallest value offloaded.
     Which solvers exist, the budgets each meets and the options each takes: ``solvers.catalog``;
     an option the solver does not take (under the budgets given) is an error naming those it does.
     """

@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from .errors import InfeasibleError
+from .errors import InfeasibleError, PlanError
 from .liveness import without_gradients
 from .mincut import lam_range, solve_mincut
 from .offload import HostLink, host_bytes, offload_candidates, offloaded_curve
-from .problem import Plan, PlanError, Problem, Status, plan_from_saved
+from .problem import Plan, Problem, Status, plan_from_saved
 
 LAM_STEPS = 10  # min-cut plans tried as starting points, geometric in lam over lam_range
 IMPROVE_TRIES = 64  # recomputed values tried in the save-and-offload pass
@@ -148,9 +148,11 @@ def choose_offload(problem: Problem, plan: Plan, peak_budget: int, link: HostLin
     sim = without_gradients(problem) if not count_gradients else problem
     search = _Search(sim, link, peak_budget, budget, frozenset(must) & plan.saved)
     base = search.plan(plan.saved)
-    base_cost = search.cost(base, frozenset()) if base is not None else None
-    if base is None or base_cost is None:  # the plan itself does not fit as given: offload to fit
-        fitted = search.fit(base) if base is not None else None
+    if base is None:
+        return plan
+    base_cost = search.cost(base, frozenset())
+    if base_cost is None:  # the plan itself does not fit as given: offload to fit
+        fitted = search.fit(base)
         if fitted is None:
             return plan
         best_plan, best_off, best_cost = base, *fitted

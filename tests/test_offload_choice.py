@@ -1,0 +1,108 @@
+"""Offload chosen by the planner through the API (``partitioner(peak_budget=..., offload=True)``):
+the plan fits the peak by the offload-aware simulation, adds no more time than the plan without
+offload, is lowered with exactly its offloads, and trains with the gradients of the same plan
+without them (on a CPU torch's pass copies to host memory too)."""
+
+import dataclasses
+from unittest import mock
+
+import pytest
+import torch
+
+import opt_remat
+from opt_remat import road
+from opt_remat.models import example_inputs, gpt2
+from opt_remat.offload import offloaded_values
+from opt_remat.request import RequestError, make_request
+from opt_remat.verify import compare_steps, training_step
+from solvers import check_plan
+from solvers.liveness import simulate_plan
+from solvers.offload import offload_errors, offloaded_curve
+from solvers.offload_plan import offload_cost
+
+pytestmark = pytest.mark.usefixtures("reset_dynamo")  # tests/conftest.py
+
+# a slow device (so recompute costs as much as copies do on these small tensors), every value a candidate
+DEVICE = {"name": "slow", "peak_flops": 1e9, "bandwidth": 1e9, "host_bandwidth": 1e9}
+OFFLOAD = {"min_bytes": 1}
+
+
+class _Lowered(opt_remat.Partitioner):
+    """Records what the lowered forward offloads (inductor edits its graphs later)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.done: list[set[str]] = []
+
+    def __call__(self, *args, **kw):
+        fw, bw = super().__call__(*args, **kw)
+        self.done.append(offloaded_values(fw))
+        return fw, bw
+
+
+class _Without(_Lowered):
+    """The plan ``plan`` (made with offload) without its offloads."""
+
+    plan = None
+
+    def __call__(self, *args, **kw):
+        with mock.patch.object(road, "solve_problem", lambda *a, **k: dataclasses.replace(self.plan,
+                                                                                          offloaded=frozenset())):
+            return super().__call__(*args, **kw)
+
+    def uuid(self):
+        return "without-" + super().uuid()
+
+
+def _gpt():
+    torch.manual_seed(0)
+    model = gpt2(layers=2, dropout=0.2)
+    return model, example_inputs("gpt", model, batch=2)
+
+
+def _peak_between(model, inputs):
+    """A peak budget between the least-peak plan's and saving everything's."""
+    pfn = opt_remat.partitioner(device=DEVICE)
+    training_step(model, inputs, opt_remat.backend(compiler="eager", partition_fn=pfn), seed=1)
+    problem = pfn.history[-1].problem
+    top = simulate_plan(problem, [n for n in problem.backward_reads if problem.can_save(n)]).peak
+    torch._dynamo.reset()
+    return int(top * 0.85)
+
+
+@pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_gpt_planned_with_offload_trains_as_the_same_plan_without(compiler):
+    model, inputs = _gpt()
+    peak = _peak_between(model, inputs)
+    plain = opt_remat.partitioner(peak_budget=peak, device=DEVICE)
+    training_step(model, inputs, opt_remat.backend(compiler=compiler, partition_fn=plain), seed=3)
+    torch._dynamo.reset()
+    pfn = _Lowered(peak_budget=peak, device=DEVICE, offload=OFFLOAD)
+    off = training_step(model, inputs, opt_remat.backend(compiler=compiler, partition_fn=pfn), seed=3)
+    rec, before = pfn.history[-1], plain.history[-1]
+    link = road.offload_link(pfn.request)
+    assert rec.plan.offloaded, "a tight peak on a slow device: offload is chosen"
+    assert check_plan(rec.problem, rec.plan).valid and not offload_errors(rec.problem, rec.plan, link)
+    assert pfn.done[-1] == set(rec.plan.offloaded)
+    curve, _ = offloaded_curve(rec.problem, rec.plan.saved, rec.plan.offloaded, link)
+    assert curve.peak <= peak
+    with_off = offload_cost(rec.problem, rec.plan.saved, rec.plan.offloaded, link)
+    assert with_off.added_s <= offload_cost(rec.problem, before.plan.saved, (), link).added_s + 1e-12
+    torch._dynamo.reset()
+    same = _Without(peak_budget=peak, device=DEVICE)
+    same.plan = rec.plan
+    ref = training_step(model, inputs, opt_remat.backend(compiler=compiler, partition_fn=same), seed=3)
+    assert same.history[-1].plan.saved == rec.plan.saved and not same.done[-1]
+    check = compare_steps(off, ref)
+    assert check.ok and (check.bitwise if compiler == "eager" else check.max_rel_error <= 1e-6), check
+
+
+def test_offload_settings_are_checked_where_they_enter():
+    request = make_request(peak_budget="1GiB", offload={"host_memory": "2GiB", "min_bytes": "4MiB"})
+    assert (request.offload, request.host_memory, request.offload_min_bytes) == (True, 2 << 30, 4 << 20)
+    assert not make_request().offload
+    for bad, field in (("yes", "offload"), ({"host": 1}, "offload.host"), ({"host_memory": 0.5}, "offload.host_memory"),
+                       ({"min_bytes": "lots"}, "offload.min_bytes")):
+        with pytest.raises(RequestError) as info:
+            make_request(offload=bad)
+        assert info.value.field == field and "\n" not in str(info.value)
