@@ -20,6 +20,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
 from solvers.budget import format_bytes
+from solvers.offload import host_bytes
 
 from . import road
 from .canonical import input_roles
@@ -57,7 +58,8 @@ class PartitionRecord:
         gap = "" if plan.gap is None else f", gap {plan.gap:.2%}"
         return (f"PartitionRecord({plan.solver}, {plan.status.value}{gap}: saves {len(plan.saved)} values, "
                 f"{format_bytes(plan.saved_bytes)}{budget}; recomputes {len(plan.recomputed)}, "
-                f"{format_seconds(plan.recompute_cost)}; {len(self.problem.nodes)} nodes; "
+                f"{format_seconds(plan.recompute_cost)}{_offload_repr(self.problem, plan)}; "
+                f"{len(self.problem.nodes)} nodes; "
                 f"partitioned in {format_seconds(self.seconds)})")
 
     __str__ = __repr__
@@ -74,6 +76,16 @@ class PartitionRecord:
         if callable(self.canonical):
             self.canonical = self.canonical()  # computed once; the joint graph is let go
         return self.canonical
+
+
+def _offload_repr(problem: Problem, plan: Plan) -> str:
+    """``; offloads N values, BYTES (exposed transfer T, added step time T)`` ("" without offload)."""
+    if not plan.offloaded:
+        return ""
+    chosen: Any = (plan.extra or {}).get("offload") or {}
+    times = (f" (exposed transfer {format_seconds(chosen['exposed_s'])}, added step time "
+             f"{format_seconds(chosen['added_s'])})" if "added_s" in chosen else "")
+    return f"; offloads {len(plan.offloaded)} values, {format_bytes(host_bytes(problem, plan.offloaded))}{times}"
 
 
 @contextlib.contextmanager

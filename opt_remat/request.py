@@ -63,6 +63,13 @@ class SolveRequest:
     offload_min_bytes: int = 1 << 20  # smaller values are never offloaded
 
     @property
+    def offload_setting(self) -> bool | dict[str, Any]:
+        """``offload=`` as ``make_request`` takes it, to make another request with the same."""
+        if not self.offload:
+            return False
+        return {"host_memory": self.host_memory, "min_bytes": self.offload_min_bytes}
+
+    @property
     def torch_baseline(self) -> bool:
         """torch's own partitioner, run as a baseline (not a plan file that a torch solve wrote)."""
         return self.solver == TORCH_SOLVER and self.plan_data is None
@@ -102,6 +109,9 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
         profile = get_profile(device)
     except (ValueError, TypeError, KeyError) as exc:
         raise RequestError("device", str(exc)) from None
+    if offload_on and profile.host_bandwidth <= 0:
+        raise RequestError("offload", f"offload needs the device's host-link bandwidth: device {profile.name!r} "
+                                      "has none; give host_bandwidth (bytes/s) with the device's figures")
     if solver == DEFAULT_SOLVER:  # the catalog's name for what no name asks for
         solver = None
     opts = dict(options or {})

@@ -37,6 +37,7 @@ from solvers.offload_plan import choose_offload
 from . import plan_memory
 from .build import build_problem
 from .canonical import canonical_values, graph_id
+from .errors import PeakBudgetError
 from .lower import lower_plan
 from .offload import host_link, must_offload_values, with_offloads
 from .options import default_solver_options, mode_of, options_in_mode
@@ -219,13 +220,12 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
         lam = opts.get("lam", "auto")
         opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
     steer = steered(problem, must_save)
-    if request.peak_budget is not None:
+    if request.peak_budget is not None and request.offload:
+        plan = peak_plan_with_offload(steer, request, budget, opts, memory, must_offload)
+    elif request.peak_budget is not None:
         plan = choose_peak_plan(steer, request.solver, request.peak_budget, budget, opts,
                                 default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
                                 memory=memory)
-        if request.offload:
-            plan = choose_offload(steer, plan, request.peak_budget, offload_link(request), budget=budget,
-                                  must=must_offload, count_gradients=request.count_gradients)
     elif request.solver is None:
         split = default_solver_options(opts, mode)
         plan = choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
@@ -233,6 +233,29 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
         plan = choose_plan(steer, request.solver, budget, opts)
     realized = realized_plan(problem, plan)
     return dataclasses.replace(realized, offloaded=plan.offloaded & realized.saved) if plan.offloaded else realized
+
+
+def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
+                           memory: plan_memory.GraphKey | None, must_offload: frozenset[str]) -> Plan:
+    """The peak plan handed to the offload chooser; where no plan fits without offload, the least
+    peak one found is, and offload may make it fit."""
+    assert request.peak_budget is not None
+    peak = request.peak_budget
+    kw: dict[str, Any] = {"default_lam": auto_lam(request.profile), "count_gradients": request.count_gradients}
+    failure: PeakBudgetError | None = None
+    try:
+        plan = choose_peak_plan(problem, request.solver, peak, budget, opts, memory=memory, **kw)
+    except PeakBudgetError as exc:
+        if exc.min_peak is None:
+            raise
+        failure = exc
+        plan = choose_peak_plan(problem, request.solver, exc.min_peak, budget, opts, **kw)
+    chosen = choose_offload(problem, plan, peak, offload_link(request), budget=budget, must=must_offload,
+                            count_gradients=request.count_gradients)
+    if failure is not None and "offload" not in chosen.extra:
+        failure.args = (failure.args[0] + " (without offload; with it no plan found fits either)",)
+        raise failure
+    return chosen
 
 
 def lower(prepared: PreparedGraph, plan: Plan, request: SolveRequest | None = None,

@@ -141,32 +141,30 @@ def choose_offload(problem: Problem, plan: Plan, peak_budget: int, link: HostLin
                    starts: Sequence[Iterable[str]] = ()) -> Plan:
     """A plan fitting ``peak_budget`` whose added step time (recompute + exposed transfer) is at
     most ``plan``'s (with ``must`` offloaded): ``plan`` itself when nothing better is found.
+    ``plan`` may peak over the budget (the least peak found without offload): offloads are then
+    searched to fit, and ``plan`` comes back without ``extra["offload"]`` if none fits.
     ``must``: values offloaded whatever (MUST_CPU_OFFLOAD); ``starts``: more saved sets to try.
     The plan's ``extra["offload"]`` holds the model's numbers, and those of ``plan`` without
-    the chooser's offloads (``without``)."""
+    the chooser's offloads (``without``; None where it did not fit)."""
     began = time.perf_counter()
     sim = without_gradients(problem) if not count_gradients else problem
     search = _Search(sim, link, peak_budget, budget, frozenset(must) & plan.saved)
     base = search.plan(plan.saved)
-    if base is None:
-        return plan
-    base_cost = search.cost(base, frozenset())
-    if base_cost is None:  # the plan itself does not fit as given: offload to fit
-        fitted = search.fit(base)
-        if fitted is None:
-            return plan
-        best_plan, best_off, best_cost = base, *fitted
-    else:
-        best_plan, best_off, best_cost = base, frozenset(), base_cost
-    without = best_cost if base_cost is not None else None
+    without = search.cost(base, frozenset()) if base is not None else None
+    best: tuple[Plan, frozenset[str], OffloadCost] | None = None
+    if base is not None:  # the plan as it is, else with offloads to fit
+        fitted = (frozenset(), without) if without is not None else search.fit(base)
+        best = None if fitted is None else (base, *fitted)
     for saved in [*map(frozenset, starts), *_starts(sim, plan)]:
         cand = search.plan(saved)
-        if cand is None or cand.recompute_cost >= best_cost.added_s:
+        if cand is None or (best is not None and cand.recompute_cost >= best[2].added_s):
             continue
         fitted = search.fit(cand)
-        if fitted is not None and fitted[1].added_s < best_cost.added_s:
-            best_plan, best_off, best_cost = cand, *fitted
-    best_plan, best_off, best_cost = _improve(search, best_plan, best_off, best_cost)
+        if fitted is not None and (best is None or fitted[1].added_s < best[2].added_s):
+            best = (cand, *fitted)
+    if best is None:  # nothing fits: the plan back, without the offload figures that say it fits
+        return plan
+    best_plan, best_off, best_cost = _improve(search, *best)
     best_off, best_cost = _drop_unneeded(search, best_plan, best_off, best_cost)
     off = search.effective(best_plan, best_off)
     if best_plan.saved == plan.saved and off == plan.offloaded:

@@ -106,3 +106,43 @@ def test_offload_settings_are_checked_where_they_enter():
         with pytest.raises(RequestError) as info:
             make_request(offload=bad)
         assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_a_run_with_offload_shows_it_in_records_plan_files_show_and_html(tmp_path, capsys):
+    import json
+
+    from opt_remat.runs import load_config, materialize, read_results, run
+    from opt_remat.cli import main
+
+    config = tmp_path / "gpt.yaml"
+    config.write_text(f"""
+model:
+  factory: opt_remat.models:gpt2
+  kwargs: {{layers: 2, d_model: 64, heads: 4, vocab: 256, seq: 32}}
+  inputs: [{{shape: [2, 32], dtype: int64, high: 256}}]
+  loss: sum
+capture: {{compiler: eager, decompositions: inductor, dtype: float32}}
+device: {json.dumps(DEVICE)}
+offload: {{min_bytes: 1, host_memory: 1GiB}}
+budgets: [0.5]
+solvers: [default]
+verify: {{gradients: true, measure_memory: false}}
+output: {{dir: {tmp_path / 'out'}, formats: [table, json, csv, html]}}
+""")
+    work = materialize(load_config(config))
+    problem = work.problem
+    peak = int(simulate_plan(problem, [n for n in problem.backward_reads if problem.can_save(n)]).peak * 0.85)
+    cfg = load_config(config, [f"budgets=[{{peak: {peak}}}]"])
+    summary = run(cfg, work=work)
+    rec = summary.records[0]
+    assert rec.offload["offloaded"] > 0 and rec.verified, rec
+    assert rec.peak_bytes <= peak and rec.offload["added_time_s"] == pytest.approx(
+        rec.recompute_cost + rec.offload["exposed_transfer_s"])
+    assert rec.curve.live["in flight"] and max(rec.curve.live["in flight"]) > 0
+    assert read_results(tmp_path / "out" / "results.json").records[0].offload == rec.offload
+    csv_text = (tmp_path / "out" / "results.csv").read_text()
+    assert "added_time_s" in csv_text.splitlines()[0]
+    assert "in flight" in (tmp_path / "out" / "report.html").read_text()
+    capsys.readouterr()
+    main(["show", str(tmp_path / "out" / rec.plan_file)])
+    assert f"{rec.offload['offloaded']} values offloaded" in capsys.readouterr().out

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from solvers import Plan, Problem
+from solvers.offload import offloaded_curve
 
+from .. import road
 from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
 from .config import Config
 from .curves import plan_peaks
+from .offload_view import offload_figures
 from .util import jsonable, write_atomic
 from .workload import Workload
 
@@ -36,6 +39,11 @@ def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None,
     the step's peak and its gradient bytes, as the run simulated them (simulated here if not given)."""
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
     entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks or plan_peaks(work.problem, plan.saved)
+    if peaks is None and (work.request.offload or plan.offloaded):  # the offload-aware peak and figures
+        link = road.offload_link(work.request)
+        curve, _ = offloaded_curve(work.problem, plan.saved, plan.offloaded, link)
+        entry["peak_bytes"], entry["peak_gradient_bytes"] = curve.peak, curve.peak_gradients
+        entry["offload"] = offload_figures(work.problem, plan, link)[0]
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry

@@ -26,6 +26,7 @@ from solvers.budget import format_bytes
 from ..errors import OptRematError
 from .config import BudgetSpec, Config, SolverSpec
 from .curves import Curve
+from .offload_view import FIELDS as OFFLOAD_FIELDS
 from .util import jsonable, write_atomic
 
 RESULTS_FORMAT = 3
@@ -34,7 +35,7 @@ CSV_FIELDS = [
     "budget", "budget_bytes", "solver", "solver_name", "options", "status", "saved_bytes",
     "measured_saved_bytes", "peak_budget", "peak_bytes", "peak_gradient_bytes", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
-    "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
+    "verify_s", "min_feasible_bytes", "plan_file", "message", "error", *OFFLOAD_FIELDS,
 ]
 
 
@@ -66,6 +67,7 @@ class Record:
     curve: Curve | None = None  # the step's live memory, step by step (peak_bytes is its peak)
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
+    offload: dict[str, Any] = field(default_factory=dict)  # with offload: runs.offload_view.FIELDS
     warnings: list[str] = field(default_factory=list)
     plan_file: str | None = None  # relative to the output folder
     # its checks
@@ -244,6 +246,7 @@ def csv_text(records: Sequence[Record]) -> str:
     for rec in records:
         row = rec.to_json()
         row["options"] = json.dumps(jsonable(rec.options), sort_keys=True)
+        row.update(rec.offload)
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
     return buf.getvalue()
 
