@@ -146,3 +146,19 @@ output: {{dir: {tmp_path / 'out'}, formats: [table, json, csv, html]}}
     capsys.readouterr()
     main(["show", str(tmp_path / "out" / rec.plan_file)])
     assert f"{rec.offload['offloaded']} values offloaded" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("setting, field, words", [
+    ("{host: 1GiB}", "offload.host", "unknown offload setting 'host'"),
+    ("{host_memory: 0.5}", "offload.host_memory", "bytes"),
+    ("true\ndevice: {peak_flops: 1.0e12, bandwidth: 1.0e11}", "offload", "host_bandwidth"),
+])
+def test_yaml_offload_errors_name_the_field_and_line(tmp_path, setting, field, words):
+    from opt_remat.runs import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{graph: g.txt}}\nbudgets: [0.5]\nsolvers: [default]\noffload: {setting}\n")
+    (tmp_path / "g.txt").write_text("")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.field == field and words in str(info.value) and ":4:" in str(info.value).split()[0]

@@ -137,7 +137,7 @@ class DeviceSpec(_Section):
     name: str | None = None
     peak_flops: float = Field(gt=0)
     bandwidth: float = Field(gt=0)
-    host_bandwidth: float = Field(default=0.0, ge=0)  # bytes/s to pinned host memory (offload's link)
+    host_bandwidth: float | None = Field(default=None, gt=0)  # bytes/s to pinned host memory (offload's link)
 
 
 class PeakBudget(_Section):
