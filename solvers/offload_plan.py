@@ -32,6 +32,8 @@ from .problem import Plan, Problem, Status, plan_from_saved
 
 LAM_STEPS = 10  # min-cut plans tried as starting points, geometric in lam over lam_range
 IMPROVE_TRIES = 64  # recomputed values tried in the save-and-offload pass
+DROP_TRIES = 32  # offloads tried back on the device
+TIME_LIMIT_S = 30.0  # the improving passes stop here (a 7B graph's simulation takes ~0.3 s)
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,14 @@ class _Search:
     """Evaluations of (saved, offloaded) states on one problem, with the constraints."""
 
     def __init__(self, problem: Problem, link: HostLink, peak_budget: int, budget: int | None,
-                 must: frozenset[str]) -> None:
+                 must: frozenset[str], deadline: float) -> None:
         self.problem, self.link, self.peak_budget, self.budget = problem, link, peak_budget, budget
-        self.must = must
+        self.must, self.deadline = must, deadline
         self.allowed = frozenset(offload_candidates(problem, link))
         self.evaluations = 0
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
 
     def plan(self, saved: Iterable[str]) -> Plan | None:
         try:
@@ -138,17 +143,18 @@ def _starts(problem: Problem, plan: Plan) -> list[frozenset[str]]:
 
 def choose_offload(problem: Problem, plan: Plan, peak_budget: int, link: HostLink, *, budget: int | None = None,
                    must: Iterable[str] = (), count_gradients: bool = True,
-                   starts: Sequence[Iterable[str]] = ()) -> Plan:
+                   starts: Sequence[Iterable[str]] = (), time_limit_s: float = TIME_LIMIT_S) -> Plan:
     """A plan fitting ``peak_budget`` whose added step time (recompute + exposed transfer) is at
     most ``plan``'s (with ``must`` offloaded): ``plan`` itself when nothing better is found.
     ``plan`` may peak over the budget (the least peak found without offload): offloads are then
     searched to fit, and ``plan`` comes back without ``extra["offload"]`` if none fits.
-    ``must``: values offloaded whatever (MUST_CPU_OFFLOAD); ``starts``: more saved sets to try.
+    ``must``: values offloaded whatever (MUST_CPU_OFFLOAD); ``starts``: more saved sets to try;
+    ``time_limit_s``: the improving passes stop there (the starting points are always tried).
     The plan's ``extra["offload"]`` holds the model's numbers, and those of ``plan`` without
     the chooser's offloads (``without``; None where it did not fit)."""
     began = time.perf_counter()
     sim = without_gradients(problem) if not count_gradients else problem
-    search = _Search(sim, link, peak_budget, budget, frozenset(must) & plan.saved)
+    search = _Search(sim, link, peak_budget, budget, frozenset(must) & plan.saved, began + time_limit_s)
     base = search.plan(plan.saved)
     without = search.cost(base, frozenset()) if base is not None else None
     best: tuple[Plan, frozenset[str], OffloadCost] | None = None
@@ -188,6 +194,8 @@ def _improve(search: _Search, plan: Plan, off: frozenset[str], cost: OffloadCost
     tries = sorted((v for v in plan.recomputed if v in search.allowed),
                    key=lambda v: (-problem.recompute_cost_of(v), problem.index[v]))[:IMPROVE_TRIES]
     for v in tries:
+        if search.out_of_time():
+            break
         if v not in plan.recomputed:
             continue  # saved already by an earlier move
         cand = search.plan(plan.saved | {v})
@@ -202,10 +210,12 @@ def _improve(search: _Search, plan: Plan, off: frozenset[str], cost: OffloadCost
 def _drop_unneeded(search: _Search, plan: Plan, off: frozenset[str], cost: OffloadCost
                    ) -> tuple[frozenset[str], OffloadCost]:
     """Keep on the device the offloads the fit does not need, the latest in the forward first,
-    where that does not add time."""
+    where that takes exposed time off."""
     index = search.problem.index
-    for v in sorted(off, key=index.__getitem__, reverse=True):
+    for v in sorted(off, key=index.__getitem__, reverse=True)[:DROP_TRIES]:
+        if cost.exposed_s <= 0 or search.out_of_time():
+            break
         found = search.cost(plan, off - {v})
-        if found is not None and found.added_s <= cost.added_s:
+        if found is not None and found.added_s < cost.added_s:
             off, cost = off - {v}, found
     return off, cost
