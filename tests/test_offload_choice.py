@@ -41,12 +41,12 @@ class _Lowered(opt_remat.Partitioner):
 
 
 class _Without(_Lowered):
-    """The plan ``plan`` (made with offload) without its offloads."""
+    """The plan ``fixed`` (made with offload) without its offloads."""
 
-    plan = None
+    fixed = None
 
     def __call__(self, *args, **kw):
-        with mock.patch.object(road, "solve_problem", lambda *a, **k: dataclasses.replace(self.plan,
+        with mock.patch.object(road, "solve_problem", lambda *a, **k: dataclasses.replace(self.fixed,
                                                                                           offloaded=frozenset())):
             return super().__call__(*args, **kw)
 
@@ -90,7 +90,7 @@ def test_gpt_planned_with_offload_trains_as_the_same_plan_without(compiler):
     assert with_off.added_s <= offload_cost(rec.problem, before.plan.saved, (), link).added_s + 1e-12
     torch._dynamo.reset()
     same = _Without(peak_budget=peak, device=DEVICE)
-    same.plan = rec.plan
+    same.fixed = rec.plan
     ref = training_step(model, inputs, opt_remat.backend(compiler=compiler, partition_fn=same), seed=3)
     assert same.history[-1].plan.saved == rec.plan.saved and not same.done[-1]
     check = compare_steps(off, ref)
