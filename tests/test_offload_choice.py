@@ -162,3 +162,24 @@ def test_yaml_offload_errors_name_the_field_and_line(tmp_path, setting, field, w
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.field == field and words in str(info.value) and ":4:" in str(info.value).split()[0]
+
+
+def test_a_peak_only_offload_meets_is_met_and_one_it_cannot_is_refused():
+    from opt_remat.errors import PeakBudgetError
+
+    model, inputs = _gpt()
+    pfn = opt_remat.partitioner(device=DEVICE, offload=True)  # built as offload requests build it
+    training_step(model, inputs, opt_remat.backend(compiler="eager", partition_fn=pfn), seed=1)
+    problem = pfn.history[-1].problem
+    with pytest.raises(PeakBudgetError) as info:
+        road.solve_problem(problem, make_request(peak_budget=1, device=DEVICE), None)
+    smallest = info.value.min_peak  # the least peak found without offload
+    budget = smallest - 16 * 1024
+    with pytest.raises(PeakBudgetError):
+        road.solve_problem(problem, make_request(peak_budget=budget, device=DEVICE), None)
+    request = make_request(peak_budget=budget, device=DEVICE, offload=OFFLOAD)
+    plan = road.solve_problem(problem, request, None)
+    curve, _ = offloaded_curve(problem, plan.saved, plan.offloaded, road.offload_link(request))
+    assert plan.offloaded and curve.peak <= budget
+    with pytest.raises(PeakBudgetError, match="with it no plan found fits either"):
+        road.solve_problem(problem, make_request(peak_budget=1, device=DEVICE, offload=OFFLOAD), None)
