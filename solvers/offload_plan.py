@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from .budget import format_bytes, format_seconds
 from .errors import InfeasibleError, PlanError
 from .liveness import without_gradients
 from .mincut import lam_range, solve_mincut
@@ -179,7 +180,9 @@ def choose_offload(problem: Problem, plan: Plan, peak_budget: int, link: HostLin
         result = replace(plan, saved=best_plan.saved, recomputed=best_plan.recomputed,
                          saved_bytes=problem.saved_bytes(best_plan.saved), recompute_cost=best_plan.recompute_cost,
                          offloaded=off, message=(plan.message + "; " if plan.message else "")
-                         + f"offload chosen ({len(off)} values)")
+                         + f"offload chosen: {len(off)} values, {format_bytes(best_cost.host_bytes)} to host "
+                         f"memory, simulated peak {format_bytes(best_cost.peak)} with them, added time "
+                         f"{format_seconds(best_cost.added_s)}")
     info = {"peak": best_cost.peak, "recompute_s": best_cost.recompute_s, "exposed_s": best_cost.exposed_s,
             "host_bytes": best_cost.host_bytes, "added_s": best_cost.added_s,
             "evaluations": search.evaluations, "time_s": time.perf_counter() - began,
