@@ -16,6 +16,12 @@ named: ``choose_peak_plan(problem, None, ...)``, without remembered plans) and `
 a YAML sweep; below the floor the relaxation proves a budget infeasible). Columns: peak,
 recompute cost (h100 roofline), proven lower bound and gap, the cheapest checkpoint-every-k plan
 that fits the same budget, solve seconds; the default's cost, peak and seconds.
+
+``--offload``: the problem is built as an offload request builds it (backward times too) and each
+budget gets offload rows through the road (``road.solve_problem`` with ``offload=True``, h100's
+50 GB/s host link, 1 MiB threshold, no host cap): for the default and ``cpsat``, without and with
+offload, the recompute ms, offloaded GiB, exposed transfer ms and predicted added step time
+(recompute + exposed transfer) by the model of ``solvers.offload``.
 """
 
 from __future__ import annotations
@@ -27,18 +33,20 @@ import time
 
 import torch
 
-from opt_remat import plan_memory
+from opt_remat import plan_memory, road
 from opt_remat.api import auto_lam
 from opt_remat.build import classify, problem_from_joint
 from opt_remat.capture import capture
 from opt_remat.costs import get_profile
 from opt_remat.models import llama
 from opt_remat.report import table
+from opt_remat.request import make_request
 from opt_remat.solve import PeakBudgetError, choose_peak_plan
 from opt_remat.torch_reference import torch_plan
 from solvers.baselines import save_all, uniform_checkpoints
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.mincut import solve_mincut
+from solvers.offload_plan import offload_cost
 from solvers.options import PeakSearchOptions
 from solvers.peak import PeakInfeasibleError, peak_search
 
@@ -78,6 +86,28 @@ def _default_columns(problem, budget: int, lam: float, unit: int, t_scale: float
             "default by": plan.extra["found_by"]}
 
 
+def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, row, t_scale: float,
+                  t_name: str) -> None:
+    """Per budget, the default and cpsat without and with offload, through the road."""
+    for fraction, budget in budgets:
+        for solver in (None, "cpsat"):
+            opts = {"time_limit_s": time_limit} if solver else {}
+            for offload in (False, True):
+                request = make_request(solver, peak_budget=budget, options=opts, offload=offload)
+                name = f"{solver or 'default'}{' + offload' if offload else ''} {fraction:g}x min-cut"
+                start = time.perf_counter()
+                try:
+                    plan = road.solve_problem(problem, request, None)
+                except PeakBudgetError:
+                    row(name, None, None, **{"solve s": f"{time.perf_counter() - start:.1f}", "note": "infeasible"})
+                    continue
+                cost = offload_cost(problem, plan.saved, plan.offloaded, road.offload_link(request))
+                row(name, cost.peak, plan.recompute_cost, **{
+                    "offloaded GiB": f"{cost.host_bytes / GIB:.2f}", f"exposed {t_name}": f"{cost.exposed_s * t_scale:.2f}",
+                    f"added {t_name}": f"{cost.added_s * t_scale:.2f}", "solve s": f"{time.perf_counter() - start:.1f}",
+                    "note": f"{len(plan.offloaded)} offloaded" if offload else ""})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["7b", "hf-llama-7b", "hf-mistral-7b", "8", "32", "64"])
@@ -85,6 +115,7 @@ def main() -> None:
     ap.add_argument("--torch-fractions", type=float, nargs="+", default=[1.0, 0.5, 0.2, 0.0])
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--no-smallest", action="store_true", help="skip the smallest-peak search (a time limit each)")
+    ap.add_argument("--offload", action="store_true", help="offload rows only: default and cpsat, without and with")
     args = ap.parse_args()
     # the sweep's remembered plans stay out of the user's cache
     os.environ["OPT_REMAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-peak-scale-")
@@ -96,6 +127,10 @@ def main() -> None:
         label = name if name.startswith("hf-") else "llama-7b" if name == "7b" else f"llama-{name}L"
         joint = _capture(name)
         prepared, problem = problem_from_joint(joint, device="h100")
+        if args.offload:  # built as an offload request builds it: backward times too
+            graph = joint.copy()
+            problem = road.prepare(graph.module, graph.num_fwd_outputs, graph.static_lifetime_input_indices,
+                                   make_request(offload=True), input_roles=graph.input_roles).problem
 
         def row(plan_name: str, peak: int | None, cost: float | None, label: str = label, unit: int = unit,
                 unit_name: str = unit_name, t_scale: float = t_scale, t_name: str = t_name, **more) -> None:
@@ -113,6 +148,10 @@ def main() -> None:
         mc = solve_mincut(problem, lam)
         mc_peak = simulate_plan(problem, mc.saved).peak
         row("min-cut (lam auto)", mc_peak, mc.recompute_cost)
+        if args.offload:
+            budgets = [(f, int(f * mc_peak)) for f in sorted(args.fractions)]
+            _offload_rows(problem, budgets, args.time_limit, row, t_scale, t_name)
+            continue
         checkpoints = []
         for plan in uniform_checkpoints(problem, (1, 2, 4, 8)):
             peak = simulate_plan(problem, plan.saved).peak

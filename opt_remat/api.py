@@ -20,6 +20,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from solvers import Plan, Problem
 from solvers.budget import format_bytes
+from solvers.offload import host_bytes
 from solvers.rank_memory import RankPeak, rank_peak
 from solvers.training import TrainingSetup
 
@@ -66,7 +67,8 @@ class PartitionRecord:
                       f"{format_bytes(self.device_memory)} ({_top_kinds(self.device_peak)})")
         return (f"PartitionRecord({plan.solver}, {plan.status.value}{gap}: saves {len(plan.saved)} values, "
                 f"{format_bytes(plan.saved_bytes)}{budget}; recomputes {len(plan.recomputed)}, "
-                f"{format_seconds(plan.recompute_cost)}{device}; {len(self.problem.nodes)} nodes; "
+                f"{format_seconds(plan.recompute_cost)}{device}{_offload_repr(self.problem, plan)}; "
+                f"{len(self.problem.nodes)} nodes; "
                 f"partitioned in {format_seconds(self.seconds)})")
 
     __str__ = __repr__
@@ -90,6 +92,16 @@ def _top_kinds(peak: RankPeak, count: int = 3) -> str:
     kinds = sorted(((v, k.value) for k, v in peak.by_kind.items() if v), reverse=True)
     more = ", ..." if len(kinds) > count else ""
     return ", ".join(f"{name} {format_bytes(v)}" for v, name in kinds[:count]) + more
+
+
+def _offload_repr(problem: Problem, plan: Plan) -> str:
+    """``; offloads N values, BYTES (exposed transfer T, added step time T)`` ("" without offload)."""
+    if not plan.offloaded:
+        return ""
+    chosen: Any = (plan.extra or {}).get("offload") or {}
+    times = (f" (exposed transfer {format_seconds(chosen['exposed_s'])}, added step time "
+             f"{format_seconds(chosen['added_s'])})" if "added_s" in chosen else "")
+    return f"; offloads {len(plan.offloaded)} values, {format_bytes(host_bytes(problem, plan.offloaded))}{times}"
 
 
 @contextlib.contextmanager
@@ -120,7 +132,8 @@ class Partitioner:
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (opt_remat.rng_replay)
     costs: str = "roofline"  # or "profile": recompute costs timed on the device (opt_remat.profile_costs)
     verbose: bool = False  # each solve's phase, best cost, bound and gap as lines on stderr
-    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
+    # offload one of the planner's choices; a mapping (host_memory, min_bytes) means True with those
+    offload: bool | Mapping[str, Any] = False
     device_memory: int | str | None = None  # bytes of the device: a budget of the rank's whole memory
     training: Mapping[str, Any] | TrainingSetup | None = None  # how the step is trained (solvers.training)
     history: list[PartitionRecord] = field(default_factory=list)
@@ -200,7 +213,7 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
                 count_input_bytes: bool = False, plan: str | Path | None = None,
                 peak_budget: int | str | None = None, count_gradients: bool = True,
                 rng_replay: bool = True, costs: str = "roofline", verbose: bool = False,
-                offload: bool = False, device_memory: int | str | None = None,
+                offload: bool | Mapping[str, Any] = False, device_memory: int | str | None = None,
                 training: Mapping[str, Any] | TrainingSetup | None = None, **options: Any) -> Partitioner:
     """A drop-in for ``torch._functorch.partitioners.min_cut_rematerialization_partition``.
 
@@ -225,7 +238,11 @@ def partitioner(solver: str | None = None, budget: int | float | str | None = No
     instead of the roofline estimate of ``device``. ``verbose``: each solve's phase, best cost,
     bound and gap on stderr as they change, then the plan found. Offload (``opt_remat.offload``):
     MUST_CPU_OFFLOAD values are saved and offloaded, ``should_offload`` marks too with torch's
-    ``enable_activation_offloading``; ``offload=True`` offloads PREFER_CPU_OFFLOAD values as well.
+    ``enable_activation_offloading``; ``offload=True`` makes offload one of the planner's choices:
+    under a peak budget it weighs keeping, offloading (PREFER_CPU_OFFLOAD values included) and
+    recomputing each value for the least added step time (``solvers.offload_plan``); without one,
+    PREFER_CPU_OFFLOAD values are offloaded. ``offload={"host_memory": "64GiB", "min_bytes":
+    "1MiB"}``: the same with a host-memory cap and the smallest value offloaded.
     ``device_memory="80GiB"``: a budget of the device's memory, counting what the rank holds besides
     the graph as ``training`` says (a dict: dtypes, optimizer, sharding, ranks; ``solvers.training``;
     without it one device, fp32 parameters and gradients, no optimizer); refused with the breakdown

@@ -152,6 +152,8 @@ def _solve(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
         overrides.append(f"budgets=[{args.budget}]")
+    if args.offload is not None:
+        overrides.append(f"offload={args.offload}")
     try:
         cfg = load_config(args.config, overrides, any_budget=True)
     except ConfigError as exc:
@@ -289,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("-o", "--output", required=True,
                        help="the plan file to write (JSON); with several budgets, NAME-BUDGET.json each")
     solve.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (YAML)")
+    solve.add_argument("--offload", nargs="?", const="true", default=None, metavar="SETTINGS",
+                       help="offload to host memory is one of the planner's choices under a peak budget (as the "
+                            "config's 'offload:'); optionally with settings, e.g. '{host_memory: 64GiB}'")
     solve.set_defaults(func=_solve)
 
     show = sub.add_parser("show", help="what a saved plan saves and recomputes, by op",

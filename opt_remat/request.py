@@ -57,7 +57,18 @@ class SolveRequest:
     count_input_bytes: bool = False
     plan_path: Path | None = None  # a plan file applied instead of solving
     plan_data: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-    offload: bool = False  # PREFER_CPU_OFFLOAD values offloaded too (opt_remat.offload)
+    # offload is one of the planner's choices (under a peak budget, solvers.offload_plan; without
+    # one, PREFER_CPU_OFFLOAD values are offloaded as torch documents); MUST_CPU_OFFLOAD always is
+    offload: bool = False
+    host_memory: int | None = None  # host bytes offloaded values may use; None: no cap
+    offload_min_bytes: int = 1 << 20  # smaller values are never offloaded
+
+    @property
+    def offload_setting(self) -> bool | dict[str, Any]:
+        """``offload=`` as ``make_request`` takes it, to make another request with the same."""
+        if not self.offload:
+            return False
+        return {"host_memory": self.host_memory, "min_bytes": self.offload_min_bytes}
     device_memory: int | None = None  # bytes of the device: a peak budget on the rank's whole memory
     training: TrainingSetup | None = None  # how the step is trained (None: ONE_DEVICE under device_memory)
 
@@ -90,16 +101,17 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
                  options: Mapping[str, Any] | None = None,
                  device: str | DeviceProfile | Mapping[str, Any] = "h100", costs: str = "roofline",
                  rng_replay: bool = True, count_input_bytes: bool = False, plan: str | Path | None = None,
-                 offload: bool = False, option_modes: Collection[str] | None = None,
+                 offload: bool | Mapping[str, Any] = False, option_modes: Collection[str] | None = None,
                  device_memory: int | str | None = None,
                  training: Mapping[str, Any] | TrainingSetup | None = None) -> SolveRequest:
     """A checked request; the first bad setting raises ``RequestError`` naming it. ``option_modes``:
     the modes the options must apply in (default: those the budgets allow; a run config passes its
     budgets' modes, as a solver entry serves all of them)."""
     for name, value in (("count_gradients", count_gradients), ("rng_replay", rng_replay),
-                        ("count_input_bytes", count_input_bytes), ("offload", offload)):
+                        ("count_input_bytes", count_input_bytes)):
         if not isinstance(value, bool):
             raise RequestError(name, f"{name} must be true or false, got {value!r}")
+    offload_on, host_memory, min_bytes = offload_settings(offload)
     if costs not in COSTS:
         raise RequestError("costs", f"costs must be 'roofline' or 'profile', got {costs!r}")
     try:
@@ -119,6 +131,9 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
         profile = get_profile(device)
     except (ValueError, TypeError, KeyError) as exc:
         raise RequestError("device", str(exc)) from None
+    if offload_on and profile.host_bandwidth <= 0:
+        raise RequestError("offload", f"offload needs the device's host-link bandwidth: device {profile.name!r} "
+                                      "has none; give host_bandwidth (bytes/s) with the device's figures")
     if solver == DEFAULT_SOLVER:  # the catalog's name for what no name asks for
         solver = None
     opts = dict(options or {})
@@ -133,7 +148,7 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
                                 "'opt-remat solve -o FILE' (a relative path starts at the working directory)")
     return SolveRequest(solver, budget, peak, count_gradients, opts, profile, costs, rng_replay,
                         count_input_bytes, plan_path, read_plan_file(plan_path) if plan_path is not None else None,
-                        offload, device_bytes, setup)
+                        offload_on, host_memory, min_bytes, device_bytes, setup)
 
 
 def _device_and_training(device_memory: int | str | None, training: Mapping[str, Any] | TrainingSetup | None
@@ -153,6 +168,33 @@ def _device_and_training(device_memory: int | str | None, training: Mapping[str,
         where = str(exc).split(":", 1)[0]
         raise RequestError(where if where.startswith("training") else "training", str(exc)) from None
     return parsed, setup
+
+
+OFFLOAD_KEYS = ("host_memory", "min_bytes")
+
+
+def offload_settings(offload: bool | Mapping[str, Any]) -> tuple[bool, int | None, int]:
+    """``offload=`` as given (true/false, or a mapping of ``OFFLOAD_KEYS``, which means true):
+    whether offload is a choice, the host-memory cap, the smallest value offloaded."""
+    if isinstance(offload, bool):
+        return offload, None, 1 << 20
+    if not isinstance(offload, Mapping):
+        raise RequestError("offload", f"offload must be true, false or a mapping with {', '.join(OFFLOAD_KEYS)}, "
+                                      f"got {offload!r}")
+    unknown = sorted(set(offload) - set(OFFLOAD_KEYS))
+    if unknown:
+        raise RequestError(f"offload.{unknown[0]}", f"unknown offload setting {unknown[0]!r}; expected "
+                                                    f"{' or '.join(OFFLOAD_KEYS)}")
+    sizes: list[int | None] = []
+    for key, default in (("host_memory", None), ("min_bytes", 1 << 20)):
+        try:
+            value = parse_budget(offload.get(key, default))
+        except ValueError as exc:
+            raise RequestError(f"offload.{key}", f"offload {key}: {exc}") from None
+        if isinstance(value, Fraction):
+            raise RequestError(f"offload.{key}", f"offload {key} is bytes (e.g. '64GiB'), got {offload[key]!r}")
+        sizes.append(value)
+    return True, sizes[0], sizes[1] if sizes[1] is not None else 1 << 20
 
 
 def _check_options(solver: str | None, options: Mapping[str, Any], modes: Collection[str]) -> None:

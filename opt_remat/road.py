@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import sys
@@ -32,12 +33,15 @@ from solvers import progress as solver_progress
 from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.device_budget import device_budget
 from solvers.rank_memory import with_rank_memory
+from solvers.offload import HostLink
+from solvers.offload_plan import choose_offload
 
 from . import plan_memory
 from .build import build_problem
 from .canonical import canonical_values, graph_id
+from .errors import PeakBudgetError
 from .lower import lower_plan
-from .offload import must_offload_values, with_offloads
+from .offload import host_link, must_offload_values, with_offloads
 from .options import default_solver_options, mode_of, options_in_mode
 from .plans import match_plan
 from .prepare import classify, prepare_joint
@@ -185,22 +189,33 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
     if request.peak_limit is not None and plan_memory.enabled():
         memory = plan_memory.graph_key(*prepared.canonical())  # plans of earlier solves of this graph
     with solve_lines(verbose, request, requested) as done:
-        plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory))
+        plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory,
+                                  must_offload=frozenset(must_offload_values(prepared.module))))
     return Solved(offloads_of(prepared, request, plan), budget)
 
 
 def offloads_of(prepared: PreparedGraph, request: SolveRequest, plan: Plan) -> Plan:
     """``plan`` with the values the graph asks to offload (MUST_CPU_OFFLOAD, ``should_offload``
-    marks; PREFER_CPU_OFFLOAD with ``request.offload``) and those it chose itself."""
-    return with_offloads(prepared.problem, plan, prepared.module, offload=request.offload, extra=plan.offloaded)
+    marks; PREFER_CPU_OFFLOAD with ``request.offload`` and no peak budget, where nothing is weighed)
+    and those it chose itself."""
+    prefer = request.offload and request.peak_budget is None
+    return with_offloads(prepared.problem, plan, prepared.module, offload=prefer, extra=plan.offloaded)
+
+
+def offload_link(request: SolveRequest) -> HostLink:
+    """The host link of the request's device, with its host-memory cap and size threshold."""
+    return host_link(request.profile, host_bytes=request.host_memory, min_bytes=request.offload_min_bytes)
 
 
 def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *,
-                  must_save: frozenset[str] = frozenset(), memory: plan_memory.GraphKey | None = None) -> Plan:
+                  must_save: frozenset[str] = frozenset(), memory: plan_memory.GraphKey | None = None,
+                  must_offload: frozenset[str] = frozenset()) -> Plan:
     """The solve on a problem alone (picklable in and out: a run's workers call it): the options
     of the budget's mode, MUST_SAVE steering, and the peak, default or named solver's plan, read
     back on ``problem``. Options of another mode (allowed where torch's settings decide the
-    budget) are left out with a warning."""
+    budget) are left out with a warning. With ``request.offload`` under a peak budget the peak
+    plan is handed to the offload chooser (``solvers.offload_plan``; ``must_offload``: the
+    MUST_CPU_OFFLOAD values, offloaded whatever)."""
     mode = mode_of(budget, request.peak_limit)
     opts = options_in_mode(request.solver, request.options, mode)
     if request.solver in ("mincut", None) and mode == catalog.FREE:  # the default path is min-cut here
@@ -209,6 +224,8 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     steer = steered(problem, must_save)
     if request.device_memory is not None:
         plan = _device_plan(steer, request, budget, opts, memory)
+    elif request.peak_budget is not None and request.offload:
+        plan = peak_plan_with_offload(steer, request, budget, opts, memory, must_offload)
     elif request.peak_budget is not None:
         plan = choose_peak_plan(steer, request.solver, request.peak_budget, budget, opts,
                                 default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
@@ -218,7 +235,31 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
         plan = choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
     else:
         plan = choose_plan(steer, request.solver, budget, opts)
-    return realized_plan(problem, plan)
+    realized = realized_plan(problem, plan)
+    return dataclasses.replace(realized, offloaded=plan.offloaded & realized.saved) if plan.offloaded else realized
+
+
+def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
+                           memory: plan_memory.GraphKey | None, must_offload: frozenset[str]) -> Plan:
+    """The peak plan handed to the offload chooser; where no plan fits without offload, the least
+    peak one found is, and offload may make it fit."""
+    assert request.peak_budget is not None
+    peak = request.peak_budget
+    kw: dict[str, Any] = {"default_lam": auto_lam(request.profile), "count_gradients": request.count_gradients}
+    failure: PeakBudgetError | None = None
+    try:
+        plan = choose_peak_plan(problem, request.solver, peak, budget, opts, memory=memory, **kw)
+    except PeakBudgetError as exc:
+        if exc.min_peak is None:
+            raise
+        failure = exc
+        plan = choose_peak_plan(problem, request.solver, exc.min_peak, budget, opts, **kw)
+    chosen = choose_offload(problem, plan, peak, offload_link(request), budget=budget, must=must_offload,
+                            count_gradients=request.count_gradients)
+    if failure is not None and "offload" not in chosen.extra:
+        failure.args = (failure.args[0] + " (without offload; with it no plan found fits either)",)
+        raise failure
+    return chosen
 
 
 def _device_plan(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],

@@ -184,22 +184,28 @@ def offload_timeline(problem: Problem, saved: Iterable[str], offloaded: Iterable
         h2d[v] = (start, clock)
         late = max(late, clock - deadline[v])
 
-    adjust = [0] * len(steps)
-    in_flight = [0] * len(steps)
+    # per value, ranges of steps get its bytes: difference arrays, summed once (O(steps + values))
+    adjust_d = [0] * (len(steps) + 1)
+    flight_d = [0] * (len(steps) + 1)
     nf = len(fwd)
     f_begin = [0.0, *f_end]
     away: dict[str, range] = {}
+
+    def add(diff: list[int], lo: int, hi: int, n: int) -> None:
+        if lo < hi:
+            diff[lo] += n
+            diff[hi] -= n
+
     for v in off:
         back = min(bisect.bisect_right(b_end, h2d[v][0]), len(bwd))  # the step its H2D starts in
         away[v] = range(free_after[v] + 1, nf + back)
-        for k in away[v]:
-            adjust[k] -= nbytes[v]
-        for k in range(nf):  # steps overlapping the copy
-            if f_begin[k] < d2h[v][1] and f_end[k] > d2h[v][0]:
-                in_flight[k] += nbytes[v]
-        for j in range(len(bwd)):
-            if b_start[j] < h2d[v][1] and b_end[j] > h2d[v][0]:
-                in_flight[nf + j] += nbytes[v]
+        add(adjust_d, away[v].start, max(away[v].start, away[v].stop), -nbytes[v])
+        # steps overlapping the copy: begin < copy end and end > copy start
+        add(flight_d, bisect.bisect_right(f_end, d2h[v][0]), bisect.bisect_left(f_begin, d2h[v][1], hi=nf), nbytes[v])
+        add(flight_d, nf + bisect.bisect_right(b_end, h2d[v][0]),
+            nf + bisect.bisect_left(b_start, h2d[v][1], hi=len(bwd)), nbytes[v])
+    adjust = list(accumulate(adjust_d[:-1]))
+    in_flight = list(accumulate(flight_d[:-1]))
     copies = {v: (*d2h[v], *h2d[v]) for v in off}
     return OffloadTimeline(steps, tuple(adjust), tuple(in_flight), d2h_exposed, max(0.0, late),
                            host_bytes(problem, off), copies, away)

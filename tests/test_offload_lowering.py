@@ -4,7 +4,6 @@ marks, MUST_CPU_OFFLOAD / PREFER_CPU_OFFLOAD policies, ``partitioner(offload=Tru
 
 import dataclasses
 import functools
-
 from unittest import mock
 
 import pytest

@@ -12,6 +12,7 @@ which budgets and solvers to run, what to verify, and where to write the results
     capture: {compiler: eager, decompositions: inductor, dtype: float32}
     device: h100
     rng_replay: true            # as partitioner(rng_replay=...); count_input_bytes likewise
+    offload: {host_memory: 64GiB}  # as partitioner(offload=...): true, or with a host cap / min_bytes
     budgets: [1.0, 0.5, "2MiB"]
     solvers: [default, mincut, {name: cpsat, time_limit_s: 60, threads: 2}, greedy]
     verify: {gradients: true, measure_memory: true}
@@ -20,7 +21,7 @@ which budgets and solvers to run, what to verify, and where to write the results
 A key is declared once, in the models below, with its type and default; ``load_config``
 (``runs.config_rules``) checks the document against them and then what types cannot say (budgets,
 solver options as ``solvers.catalog`` declares them, the device, files, the factory). The solve
-settings (budget, solver, options, device, costs, rng_replay, count_input_bytes) are checked by
+settings (budget, solver, options, device, costs, rng_replay, count_input_bytes, offload) are checked by
 ``opt_remat.request.make_request``, the function the API's ``partitioner()`` checks its own with.
 ``default`` names the API's default path (no solver named). A solver entry serves every budget of
 the run: options of one kind of budget (``symmetry`` under saved bytes, ``gap`` under a peak) are
@@ -140,6 +141,7 @@ class DeviceSpec(_Section):
     name: str | None = None
     peak_flops: float = Field(gt=0)
     bandwidth: float = Field(gt=0)
+    host_bandwidth: float | None = Field(default=None, gt=0)  # bytes/s to pinned host memory (offload's link)
 
 
 class PeakBudget(_Section):
@@ -188,6 +190,8 @@ class RunSpec(_Section):
     rng_replay: bool = True  # random ops recomputable by replaying their RNG state (as partitioner())
     count_input_bytes: bool = False  # graph inputs count as saved bytes (as partitioner())
     training: dict[str, Any] | None = None  # how the step is trained (solvers.training), for device budgets
+    # offload one of the planner's choices (as partitioner(offload=...)): true, or {host_memory, min_bytes}
+    offload: Union[bool, dict[str, Any]] = False
     device: Annotated[Union[Annotated[DeviceSpec, Tag("mapping")],
                             Annotated[Literal["h100", "a100", "v100", "cpu"], Tag("name")]],
                       _by_kind("name", str)] = "h100"

@@ -194,11 +194,12 @@ def _check_solvers(cfg: Config, modes: Collection[str]) -> None:
         try:
             make_request(None if name == DEFAULT_SOLVER else name, options=options, device=cfg.device,
                          costs=spec.costs, rng_replay=spec.rng_replay, count_input_bytes=spec.count_input_bytes,
-                         option_modes=modes)
+                         offload=spec.offload, option_modes=modes)
         except RequestError as exc:
             key = exc.field.removeprefix("options.")
             path = {"device": ("device",), "solver": where}.get(exc.field, ("solvers", i, key) if
-                                                               exc.field.startswith("options.") else (exc.field,))
+                                                               exc.field.startswith("options.") else
+                                                               tuple(exc.field.split(".")))
             raise cfg.error(path, str(exc)) from None
     seen: dict[str, int] = {}
     for solver in cfg.solvers:

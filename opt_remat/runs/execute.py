@@ -95,7 +95,8 @@ def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | 
         return make_request(None if name == DEFAULT_SOLVER else name, raw, peak_budget=peak,
                             count_gradients=True if budget is None else budget.count_gradients, options=opts,
                             device=base.profile, costs=base.costs, rng_replay=base.rng_replay,
-                            count_input_bytes=base.count_input_bytes, device_memory=device, training=base.training)
+                            count_input_bytes=base.count_input_bytes, offload=base.offload_setting,
+                            device_memory=device, training=base.training)
     except RequestError as exc:  # the config's checks refuse these first: a pair that slipped through
         return SolveResult(status="error", error=str(exc))
 

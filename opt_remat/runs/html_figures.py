@@ -12,6 +12,7 @@ from solvers.budget import byte_axis, format_bytes, format_seconds, time_axis
 from .curves import Curve
 from .html_data import PlanView, RunReport
 from .html_kinds import kind_figures
+from .offload_view import in_flight_traces, offload_text
 from .plots import MIP_SOLVERS
 from .results import Record, verified_text
 
@@ -49,6 +50,8 @@ def plan_hover(rec: Record) -> str:
     if rec.saved_bytes is not None:
         lines.append(f"saved {format_bytes(rec.saved_bytes)} · recompute {format_seconds(rec.recompute_cost)}")
         lines.append(f"step peak {format_bytes(rec.peak_bytes)} (gradients {format_bytes(rec.peak_gradient_bytes)})")
+        if offload_text(rec.offload):
+            lines.append(_wrap(offload_text(rec.offload)))
     solve = f"solved in {format_seconds(rec.solve_time_s)}"
     if rec.gap is not None:
         solve += f" · gap {rec.gap:.2%}" + ("" if rec.bound is None else f" (bound {rec.bound:.4g})")
@@ -130,6 +133,7 @@ def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, 
                 continue
             color = colors[members[0].record.solver]
             data.append(_memory_trace(curve, ci, " = ".join(v.record.solver for v in members), color, scale, unit))
+            data += in_flight_traces(curve, " = ".join(v.record.solver for v in members), color, scale)
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": curve.forward_steps - 0.5,
                            "x1": curve.forward_steps - 0.5, "y0": 0, "y1": 1,
                            "line": {"color": color, "dash": "dot", "width": 1}})

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from solvers import Plan, Problem
+from solvers.offload import offloaded_curve
 from solvers.training import TrainingSetup
 
+from .. import road
 from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
 from .config import Config, FactoryModel
 from .curves import step_curve
+from .offload_view import offload_figures
 from .util import jsonable, write_atomic
 from .workload import Workload
 
@@ -38,11 +41,17 @@ def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None,
     the step's peak and its gradient bytes, as the run simulated them (else simulated here, the
     rank's whole memory under ``setup``, with the peak by kind)."""
     entry = graph_entry(work.problem, plan, work.values, work.graph_id)
+    simulated = peaks is None
     if peaks is None:
         curve = step_curve(work.problem, plan.saved, setup)
         peaks = (curve.peak, curve.peak_gradients)
         entry["peak_by_kind"] = curve.peak_by_kind()
     entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks
+    if simulated and (work.request.offload or plan.offloaded):  # the offload-aware peak and figures
+        link = road.offload_link(work.request)
+        offloaded, _ = offloaded_curve(work.problem, plan.saved, plan.offloaded, link)
+        entry["peak_bytes"], entry["peak_gradient_bytes"] = offloaded.peak, offloaded.peak_gradients
+        entry["offload"] = offload_figures(work.problem, plan, link)[0]
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry

@@ -26,6 +26,7 @@ from solvers.budget import format_bytes
 from ..errors import OptRematError
 from .config import BudgetSpec, Config, SolverSpec
 from .curves import Curve
+from .offload_view import FIELDS as OFFLOAD_FIELDS
 from .util import jsonable, write_atomic
 
 RESULTS_FORMAT = 3
@@ -35,7 +36,7 @@ CSV_FIELDS = [
     "measured_saved_bytes", "peak_budget", "device_memory", "peak_bytes", "peak_gradient_bytes",
     "peak_by_kind", "recompute_cost", "objective", "bound", "gap", "solve_time_s",
     "n_saved", "n_recomputed", "verified", "bitwise", "max_rel_error", "loss", "loss_reference",
-    "verify_s", "min_feasible_bytes", "plan_file", "message", "error",
+    "verify_s", "min_feasible_bytes", "plan_file", "message", "error", *OFFLOAD_FIELDS,
 ]
 
 
@@ -70,6 +71,7 @@ class Record:
     curve: Curve | None = None  # the step's live memory, step by step (peak_bytes is its peak)
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
+    offload: dict[str, Any] = field(default_factory=dict)  # with offload: runs.offload_view.FIELDS
     warnings: list[str] = field(default_factory=list)
     plan_file: str | None = None  # relative to the output folder
     # its checks
@@ -253,6 +255,7 @@ def csv_text(records: Sequence[Record]) -> str:
         row = rec.to_json()
         row["options"] = json.dumps(jsonable(rec.options), sort_keys=True)
         row["peak_by_kind"] = json.dumps(rec.peak_by_kind) if rec.peak_by_kind else None
+        row.update(rec.offload)
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
     return buf.getvalue()
 

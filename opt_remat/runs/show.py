@@ -8,6 +8,7 @@ from typing import Any
 from solvers.budget import column_unit, format_bytes, format_seconds
 
 from ..report import op_label, table
+from .offload_view import offload_text
 
 
 def made_for_lines(made_for: dict[str, Any]) -> list[str]:
@@ -66,6 +67,8 @@ def show_graph(doc: dict[str, Any], names: bool) -> None:
             print(f"  peak by kind       : {kinds}")
     print(f"  recomputed         : {len(doc.get('recomputed', [])):5d} values, predicted cost "
           f"{format_seconds(doc.get('recompute_cost'))}")
+    if offload_text(doc.get("offload")):
+        print(f"  offload            : {offload_text(doc.get('offload'))}")
     if doc.get("message"):
         print(f"  note: {doc['message']}")
     for title, members_all, metric in (("saved", doc["saved"], "bytes"),

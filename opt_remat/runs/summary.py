@@ -14,6 +14,7 @@ from .config import TORCH_SOLVER, Config
 from .curves import Curve
 from .results import Record, budget_bytes_text, verified_text
 from .run_data import LoadedRun
+from .offload_view import offload_columns
 from .util import write_atomic
 from .workload import Workload
 
@@ -25,6 +26,9 @@ def progress_line(i: int, n: int, rec: Record) -> str:
         return f"{head} {rec.status}: {rec.error or ''}"
     parts = [rec.status, f"saved {format_bytes(rec.saved_bytes)}", f"step peak {format_bytes(rec.peak_bytes)}",
              f"recompute {format_seconds(rec.recompute_cost)}", f"solved in {format_seconds(rec.solve_time_s)}"]
+    if rec.offload.get("offloaded"):
+        parts.append(f"offloaded {format_bytes(rec.offload['host_bytes'])}, added time "
+                     f"{format_seconds(rec.offload['added_time_s'])}")
     if rec.gap is not None:
         parts.append(f"gap {rec.gap:.2%}")
     if rec.measured_saved_bytes is not None:
@@ -42,7 +46,9 @@ def summary_table(records: Sequence[Record]) -> str:
                                   + [r.device_memory for r in records]),
              "saved": column_unit([r.saved_bytes for r in records] + [r.measured_saved_bytes for r in records]),
              "peak": column_unit(r.peak_bytes for r in records),
-             "grads": column_unit(r.peak_gradient_bytes for r in records)}
+             "grads": column_unit(r.peak_gradient_bytes for r in records),
+             "host": column_unit(r.offload.get("host_bytes") for r in records)}
+    offload = any(r.offload for r in records)
     rows = []
     last = None
     for rec in records:
@@ -60,6 +66,7 @@ def summary_table(records: Sequence[Record]) -> str:
             "step peak": format_bytes(rec.peak_bytes, units["peak"]),
             "of it grads": format_bytes(rec.peak_gradient_bytes, units["grads"]),
             "recompute": format_seconds(rec.recompute_cost),
+            **(offload_columns(rec, units["host"]) if offload else {}),
             "solve": format_seconds(rec.solve_time_s),
             "gap": "-" if rec.gap is None else f"{rec.gap:.2%}",
             "verified": verified_text(rec, notes=False) + (" *" if rec.note else ""),

@@ -218,7 +218,7 @@ def graph_request(cfg: Config) -> SolveRequest:
     """The run's graph-level settings as a request (checked by ``runs.config_rules``)."""
     spec = cfg.spec
     return make_request(device=cfg.device, costs=spec.costs, rng_replay=spec.rng_replay,
-                        count_input_bytes=spec.count_input_bytes, training=spec.training)
+                        count_input_bytes=spec.count_input_bytes, offload=spec.offload, training=spec.training)
 
 
 def prepare_captured(joint: Any, request: SolveRequest) -> Any:
