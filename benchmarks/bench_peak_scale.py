@@ -103,7 +103,8 @@ def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, 
                     continue
                 cost = offload_cost(problem, plan.saved, plan.offloaded, road.offload_link(request))
                 row(name, cost.peak, plan.recompute_cost, **{
-                    "offloaded GiB": f"{cost.host_bytes / GIB:.2f}", f"exposed {t_name}": f"{cost.exposed_s * t_scale:.2f}",
+                    "offloaded GiB": f"{cost.host_bytes / GIB:.2f}",
+                    f"exposed {t_name}": f"{cost.exposed_s * t_scale:.2f}",
                     f"added {t_name}": f"{cost.added_s * t_scale:.2f}", "solve s": f"{time.perf_counter() - start:.1f}",
                     "note": f"{len(plan.offloaded)} offloaded" if offload else ""})
 
