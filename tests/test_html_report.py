@@ -19,6 +19,7 @@ from opt_remat.runs import load_config, materialize
 from opt_remat.runs.html_data import TOP_LIVE, load_run
 from opt_remat.runs.html_page import page_data
 from solvers.liveness import simulate_plan
+from support.counting import count_simulations
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = """\
@@ -142,43 +143,15 @@ def test_figures_have_a_trace_per_solver_and_plan(tiny_run):
     assert sorted(t["name"] for t in figs["fig-solve"]["data"]) == ["greedy", "mincut", "save-all"]
 
 
-def _count_simulations(monkeypatch) -> list:
-    """The plans the runs layer simulates from now on (the simulator runs for real)."""
-    import sys
-
-    import solvers.liveness as liveness
-    original, seen = liveness.simulate_plan, []
-
-    def counting(problem, saved, on_step=None):
-        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
-            seen.append(frozenset(saved))
-        return original(problem, saved, on_step)
-
-    import solvers.rank_memory as rank_memory
-    original_rank = rank_memory.rank_curve
-
-    def counting_rank(problem, saved, setup, on_step=None):  # a curve split by kind: one simulation too
-        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
-            seen.append(frozenset(saved))
-        return original_rank(problem, saved, setup, on_step)
-
-    for module in list(sys.modules.values()):
-        if getattr(module, "simulate_plan", None) is original:
-            monkeypatch.setattr(module, "simulate_plan", counting)
-        if getattr(module, "rank_curve", None) is original_rank:
-            monkeypatch.setattr(module, "rank_curve", counting_rank)
-    return seen
-
-
 def test_report_command_rewrites_the_same_page(tiny_run, capsys, monkeypatch, tmp_path):
     out, _ = tiny_run
     before = (out / "report.html").read_bytes()
     (out / "report.html").unlink()
-    simulated = _count_simulations(monkeypatch)
+    simulated = count_simulations(monkeypatch)
     assert main(["report", str(out)]) == 0
     assert str(out / "report.html") in capsys.readouterr().out
     assert (out / "report.html").read_bytes() == before
-    assert simulated == []  # the curves come from results.json
+    assert not simulated  # the curves come from results.json
     # results of format 2 hold no curves: the report simulates each plan, and draws the same page
     old = tmp_path / "old"
     shutil.copytree(out, old)
@@ -191,7 +164,7 @@ def test_report_command_rewrites_the_same_page(tiny_run, capsys, monkeypatch, tm
     assert (old / "report.html").read_bytes() == before.replace(str(out).encode(), str(old).encode())
     plans = {frozenset(read_plan_file(old / r["plan_file"])["graphs"][0]["saved"]) for r in doc["results"]
              if r.get("plan_file")}
-    assert len(simulated) == len(set(simulated)) and set(simulated) == plans  # each distinct plan once
+    assert set(simulated) == plans and set(simulated.values()) == {1}  # each distinct plan once
 
 
 def test_report_command_refuses_what_it_cannot_report(tiny_run, tmp_path, capsys):

@@ -121,16 +121,7 @@ def test_sigint_in_solve_keeps_the_plan_files_written_and_names_them(tmp_path):
 
 
 def test_sigint_ends_a_run_with_exit_130_keeping_finished_pairs(tmp_path):
-    config = textwrap.dedent("""
-        model:
-          factory: opt_remat.models:llama
-          kwargs: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
-          inputs: [{shape: [2, 16], dtype: int64, high: 64}]
-        budgets: [0.5, PEAK]
-        solvers: [mincut, {name: cpsat, time_limit_s: 4}]
-        verify: {gradients: false, measure_memory: false}
-        output: {dir: out, formats: [json]}
-    """)
+    config = RUN_CONFIG
     # a peak budget between the floor and save-all's peak that the peak solve does not settle
     # within 4 s, so that the Ctrl-C lands inside it (found here, where torch is imported
     # already, not in a process of its own; as the solver improves, budgets it settles fast move

@@ -10,6 +10,7 @@ import os
 from opt_remat.runs import load_config, materialize, read_results
 from opt_remat.runs.progress import Display, terminal_mode
 from solvers import progress
+from support.counting import count_simulations
 
 CONFIG = """\
 model: {factory: opt_remat.models:mlp, kwargs: {d_in: 8, hidden: 16, layers: 1}, inputs: [{shape: [2, 8]}]}
@@ -85,38 +86,17 @@ def test_a_run_simulates_each_plan_once_and_reads_results_once(tmp_path, monkeyp
     again, results.json is read once (the resume check), and each plan file is written once and
     never read back. The simulator runs for real; calls from the run's side are counted."""
     import pathlib
-    import sys
     from collections import Counter
     from pathlib import Path
 
     import solvers.liveness as liveness
     from opt_remat.runs import plan_files, run
 
-    original = liveness.simulate_plan
-    simulated: Counter = Counter()
-
-    def counting(problem, saved, on_step=None):
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller.startswith("opt_remat.runs") or caller == "opt_remat.report":  # not a solver's own search
-            simulated[frozenset(saved)] += 1
-        return original(problem, saved, on_step)
-
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs" / "mlp.yaml", [f"output.dir={tmp_path / 'out'}"])
     work = materialize(cfg)
-    import solvers.rank_memory as rank_memory
-    original_rank = rank_memory.rank_curve
-
-    def counting_rank(problem, saved, setup, on_step=None):  # a curve split by kind: one simulation too
-        if sys._getframe(1).f_globals.get("__name__", "").startswith("opt_remat.runs"):
-            simulated[frozenset(saved)] += 1
-        return original_rank(problem, saved, setup, on_step)
-
-    for module in list(sys.modules.values()):
-        if getattr(module, "simulate_plan", None) is original:
-            monkeypatch.setattr(module, "simulate_plan", counting)
-        if getattr(module, "rank_curve", None) is original_rank:
-            monkeypatch.setattr(module, "rank_curve", counting_rank)
+    original = liveness.simulate_plan
+    simulated = count_simulations(monkeypatch, ("opt_remat.runs", "opt_remat.report"))  # not a solver's search
     reads: list = []
     real_read_text, real_read_bytes = pathlib.Path.read_text, pathlib.Path.read_bytes
 
