@@ -16,7 +16,7 @@ from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.peak import PeakInfeasibleError
 from solvers.peak.candidates import cheapest_fitting
 from solvers.problem import check_plan
-from solvers.random_problems import random_problem, repeated_problem
+from support.random_problems import random_problem, repeated_problem
 
 PROBLEMS = st.builds(lambda seed, layered: repeated_problem(seed, layers=5, per_layer=5) if layered
                      else random_problem(seed, n_forward=12), st.integers(0, 10**6), st.booleans())
