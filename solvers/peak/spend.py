@@ -87,12 +87,14 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
                    max_evaluations: int) -> SearchState | None:
     """From a plan that may overshoot (a cheap one: min-cut at a high weight): the local search's
     descent on the overshoot (``search._descend_peak``, least added cost per byte removed) until it
-    fits, then ``spend_budget``; both within ``max_evaluations`` simulations. None if it never fits."""
+    fits, then ``spend_budget``; both within ``max_evaluations`` simulations. Where it never fits,
+    the lowest peak the descent reached (above the budget: a refusal names it); None if the plan
+    cannot be closed."""
     judge = Judge(problem, peak_budget, budget, math.inf, max_evaluations)
     closed = judge.close(saved)
     if closed is None:
         return None
     st = _descend_peak(judge, judge.state(closed))
     if judge.over(st) > 0:
-        return None
+        return st
     return spend_budget(problem, st.saved, peak_budget, budget, max_evaluations=max_evaluations, judge=judge)
