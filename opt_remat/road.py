@@ -72,7 +72,8 @@ class PreparedGraph:
     info: tp.NodeInfo
     problem_or_none: Problem | None
     input_roles: list[str] | None = None  # per primal: "param NAME", "buffer NAME" or "input NAME"
-    must_save: frozenset[str] = frozenset()  # MUST_SAVE-tagged values (the solve's steering)
+    must_save: frozenset[str] = frozenset()  # MUST_SAVE-tagged values and must_offload (the solve's steering)
+    must_offload: frozenset[str] = frozenset()  # MUST_CPU_OFFLOAD / should_offload values (opt_remat.offload)
     _top: int | None = field(default=None, repr=False)
     _canonical: Canonical | None = field(default=None, repr=False)
 
@@ -113,7 +114,8 @@ class PreparedGraph:
             module = copy.deepcopy(self.module)
         static = list(self.static_lifetime_input_indices or [])
         return PreparedGraph(module, self.num_fwd_outputs, static, classify(module, self.num_fwd_outputs, static),
-                             self.problem_or_none, self.input_roles, self.must_save, self._top, self._canonical)
+                             self.problem_or_none, self.input_roles, self.must_save, self.must_offload, self._top,
+                             self._canonical)
 
 
 def _canonical_of(module: fx.GraphModule, roles: list[str] | None) -> Canonical:
@@ -132,8 +134,9 @@ def prepare(joint_module: fx.GraphModule, num_fwd_outputs: int, static_lifetime_
         problem = build_problem(module, num_fwd_outputs=num_fwd_outputs, device=request.profile,
                                 costs=request.costs, count_input_bytes=request.count_input_bytes, node_info=info,
                                 input_roles=input_roles, backward_costs=request.offload)
+    must_offload = frozenset(must_offload_values(module))
     return PreparedGraph(module, num_fwd_outputs, static_lifetime_input_indices, info, problem, input_roles,
-                         frozenset(must_save_values(module) + must_offload_values(module)))
+                         frozenset(must_save_values(module)) | must_offload, must_offload)
 
 
 def budget_in_force(prepared: PreparedGraph, request: SolveRequest) -> tuple[int | float | str | None, str]:
@@ -190,7 +193,7 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
         memory = plan_memory.graph_key(*prepared.canonical())  # plans of earlier solves of this graph
     with solve_lines(verbose, request, requested) as done:
         plan = done(solve_problem(prepared.problem, request, budget, must_save=prepared.must_save, memory=memory,
-                                  must_offload=frozenset(must_offload_values(prepared.module))))
+                                  must_offload=prepared.must_offload))
     return Solved(offloads_of(prepared, request, plan), budget)
 
 

@@ -102,13 +102,14 @@ def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | 
 
 
 def solve_pair(problem: Problem, request: SolveRequest, budget_bytes: int | None, *,
-               must_save: frozenset[str] = frozenset(), memory: GraphKey | None = None) -> SolveResult:
+               must_save: frozenset[str] = frozenset(), memory: GraphKey | None = None,
+               must_offload: frozenset[str] = frozenset()) -> SolveResult:
     """One pair, solved on its problem alone (``opt_remat.road.solve_problem``): a plan, or why
     there is none. Picklable in and out. ``memory``: the graph's key for plans remembered across
     solves (``opt_remat.plan_memory``)."""
     with _keep_sigint():
         return _solve_recorded(lambda: road.solve_problem(problem, request, budget_bytes, must_save=must_save,
-                                                          memory=memory))
+                                                          memory=memory, must_offload=must_offload))
 
 
 def _solve_recorded(make_plan: Callable[[], Plan]) -> SolveResult:
@@ -150,7 +151,7 @@ def _solve_here(work: Workload, pair: Pair) -> SolveResult:
     if request.torch_baseline:
         return solve_torch_pair(work, request, pair.budget_bytes)
     return solve_pair(work.problem, request, pair.budget_bytes, must_save=work.must_save,
-                      memory=memory_key(work, pair))
+                      memory=memory_key(work, pair), must_offload=work.must_offload)
 
 
 def memory_key(work: Workload, pair: Pair | None = None) -> GraphKey | None:
@@ -173,7 +174,7 @@ def solve_all(work: Workload, pairs: Sequence[Pair], *, jobs: int = 1, executor:
     pool = _executor(executor, jobs) if pooled else None
     try:
         futures = {pool.submit(solve_pair, work.problem, r, p.budget_bytes, must_save=work.must_save,
-                               memory=memory_key(work, p)): p
+                               memory=memory_key(work, p), must_offload=work.must_offload): p
                    for p, r in pooled} if pool is not None else {}
         in_pool = [p for p, _ in pooled]
         for pair in pairs:
@@ -252,7 +253,8 @@ def solve_one(work: Workload, solver: str, spec: BudgetSpec | None,
         result = solve_torch_pair(work, request, bytes_)
     else:
         result = solve_pair(work.problem, request, bytes_, must_save=work.must_save,
-                            memory=memory_key(work) if request.peak_budget is not None else None)
+                            memory=memory_key(work) if request.peak_budget is not None else None,
+                            must_offload=work.must_offload)
     if result.plan is None:
         kind = SolveRefused if result.status in ("infeasible", "skipped") else RunError
         raise kind(result.error or result.status)

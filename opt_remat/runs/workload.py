@@ -48,6 +48,11 @@ class Workload:
         """The MUST_SAVE values solves are steered by (``opt_remat.road.steered``)."""
         return frozenset() if self.prepared is None else self.prepared.must_save
 
+    @property
+    def must_offload(self) -> frozenset[str]:
+        """The values the graph asks to offload whatever the plan (``opt_remat.road.PreparedGraph``)."""
+        return frozenset() if self.prepared is None else self.prepared.must_offload
+
     def budget_bytes(self, spec: BudgetSpec) -> int | None:
         """The saved bytes the budget allows on this graph, as the API resolves it."""
         if self.prepared is None:
