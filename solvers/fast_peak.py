@@ -131,8 +131,9 @@ def _origin(plan: Plan) -> str:
 
 
 def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[Plan, int]]:
-    """Checkpointing, min-cut and offered plans, each once, with their simulated peaks."""
-    out = _structural_plans(problem)
+    """Checkpointing, min-cut and offered plans, each once, with their simulated peaks (the
+    budget-free ones computed once per problem: a sweep of budgets shares them)."""
+    out = list(problem.derived("fast_peak.structural_plans", _structural_plans))
     seen = {plan.saved for plan, _ in out}
     for saved in candidates:
         try:
