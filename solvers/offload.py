@@ -211,13 +211,15 @@ def offload_timeline(problem: Problem, saved: Iterable[str], offloaded: Iterable
                            host_bytes(problem, off), copies, away)
 
 
-def offloaded_curve(problem: Problem, saved: Iterable[str], offloaded: Iterable[str], link: HostLink
-                    ) -> tuple[MemoryCurve, OffloadTimeline]:
+def offloaded_curve(problem: Problem, saved: Iterable[str], offloaded: Iterable[str], link: HostLink,
+                    base: MemoryCurve | None = None) -> tuple[MemoryCurve, OffloadTimeline]:
     """The step's device curve with ``offloaded`` in host memory as the model says, and the timeline.
     ``peak_live`` and ``peak_gradients`` are kept where the peak stays at the simulator's step (less
-    the values away there), empty where it moves (they would need a second simulation)."""
+    the values away there), empty where it moves (they would need a second simulation). ``base``:
+    the plan's curve without offload, if the caller has it (``simulate_plan(problem, saved)``)."""
     saved = set(saved)
-    base = simulate_plan(problem, saved)
+    if base is None:
+        base = simulate_plan(problem, saved)
     timeline = offload_timeline(problem, saved, offloaded, link, base)
     steps = tuple((ph, v, b + a) for (ph, v, b), a in zip(base.steps, timeline.adjust))
     if not steps:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from .budget import format_bytes, format_seconds
 from .errors import InfeasibleError, PlanError
-from .liveness import without_gradients
+from .liveness import MemoryCurve, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
 from .offload import HostLink, host_bytes, offload_candidates, offloaded_curve
 from .problem import Plan, Problem, Status, plan_from_saved
@@ -71,6 +71,9 @@ class _Search:
         self.must, self.deadline = must, deadline
         self.allowed = frozenset(offload_candidates(problem, link))
         self.evaluations = 0
+        # the last saved set's curve without offload: a search tries many offload sets in a row on
+        # one saved set (the fit's bisection, dropping unneeded offloads), and that curve is theirs
+        self._base: tuple[frozenset[str], MemoryCurve] | None = None
 
     def out_of_time(self) -> bool:
         return time.perf_counter() > self.deadline
@@ -99,7 +102,9 @@ class _Search:
         if self.link.host_bytes is not None and host_bytes(self.problem, off) > self.link.host_bytes:
             return None
         self.evaluations += 1
-        curve, timeline = offloaded_curve(self.problem, plan.saved, off, self.link)
+        if self._base is None or self._base[0] != plan.saved:
+            self._base = (plan.saved, simulate_plan(self.problem, plan.saved))
+        curve, timeline = offloaded_curve(self.problem, plan.saved, off, self.link, self._base[1])
         if curve.peak > self.peak_budget:
             return None
         return OffloadCost(curve.peak, plan.recompute_cost, timeline.exposed_s, timeline.host_bytes)
