@@ -142,7 +142,6 @@ def memory_figures(report: RunReport, colors: dict[str, str]) -> list[dict[str, 
         device = views[0].record.device_memory
         limits = [f"saved ≤ {format_bytes(budget_bytes)}"] if budget_bytes is not None else []
         if device is not None:  # a device budget: the curves are the rank's whole memory
-            peak_budget = device
             limits.insert(0, f"device {format_bytes(device)}")
         elif peak_budget is not None:
             limits.insert(0, f"step peak ≤ {format_bytes(peak_budget)}")
