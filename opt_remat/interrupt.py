@@ -29,6 +29,7 @@ def quiet_interrupts() -> Iterator[None]:
         yield
         return
     interrupted = False
+    pending: list[threading.Timer] = []
 
     def on_sigint(signum: int, frame: Any) -> None:
         nonlocal interrupted
@@ -44,6 +45,7 @@ def quiet_interrupts() -> Iterator[None]:
             # on_sigint again once this hook has returned (raised here, it would land in the hook)
             again = threading.Timer(0.05, _thread.interrupt_main)
             again.daemon = True
+            pending.append(again)
             again.start()
             return
         hook(info)
@@ -56,3 +58,10 @@ def quiet_interrupts() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         warnings.showwarning, sys.unraisablehook = shown, hook
+        # a lost interrupt not raised again yet: raise it here, not after the command has returned
+        # (Python then exits by SIGINT, with no message and no exit code of the command's own)
+        late = [t for t in pending if t.is_alive()]
+        for timer in late:
+            timer.cancel()
+        if late and sys.exc_info()[0] is None:
+            raise KeyboardInterrupt

@@ -160,7 +160,7 @@ def test_sigint_in_a_finalizer_or_a_warning_on_the_way_out_stays_quiet(tmp_path)
             signal.raise_signal(signal.SIGINT)
             sum(range(1000))
 
-        for case in ("warning", "finalizer"):
+        for case in ("warning", "finalizer", "finalizer at the end"):
             try:
                 with quiet_interrupts():
                     if case == "warning":
@@ -173,16 +173,20 @@ def test_sigint_in_a_finalizer_or_a_warning_on_the_way_out_stays_quiet(tmp_path)
                         obj = Obj()
                         ref = weakref.ref(obj, lost)
                         del obj
-                        end = time.monotonic() + 10
+                        # at the end: the command is over before the interrupt is raised again
+                        end = time.monotonic() + (0 if case.endswith("end") else 10)
                         while time.monotonic() < end:  # the interrupt is raised here again
                             sum(range(1000))
                 print(case, "not interrupted", flush=True)
             except KeyboardInterrupt:
                 print(case, "interrupted", flush=True)
+        time.sleep(0.3)  # a lost interrupt raised only now would end the process by SIGINT
         warnings.warn("shown again once the command is over")
     """)
     proc = _start(["-c", script], tmp_path)
     out, err = proc.communicate(timeout=60)
-    assert out.split("\n")[:2] == ["warning interrupted", "finalizer interrupted"], (out, err)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert out.split("\n")[:3] == ["warning interrupted", "finalizer interrupted",
+                                   "finalizer at the end interrupted"], (out, err)
     assert "Exception ignored" not in err and "Error detected" not in err, err
     assert "shown again once the command is over" in err
