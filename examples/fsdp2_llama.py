@@ -69,7 +69,7 @@ def step(model: torch.nn.Module, optim: torch.optim.Optimizer, ids: torch.Tensor
     return loss.detach()
 
 
-def make_backend(args: argparse.Namespace) -> Callable[..., Any]:
+def make_backend(args: argparse.Namespace) -> Any:
     """opt-remat's backend from the command line: a plan file, or a solver under a budget."""
     extra: dict[str, Any] = {"decompositions": "inductor"} if args.compiler == "eager" else {}
     if args.plan:
@@ -82,8 +82,8 @@ def make_backend(args: argparse.Namespace) -> Callable[..., Any]:
 
 
 def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every gradient whole (a collective: every rank calls it), names as without compile."""
-    return {name.replace("_orig_mod.", ""): p.grad.full_tensor()
+    """Every gradient whole (a collective: every rank calls it)."""
+    return {name: p.grad.full_tensor()
             for name, p in model.named_parameters() if p.grad is not None}
 
 
@@ -91,7 +91,7 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
     """One AdamW step with opt-remat against the same FSDP step in eager: the loss, every full
     gradient and every updated parameter, as relative errors; and the plans this rank made."""
     ids = tokens(dist.get_rank(), device)
-    runs = {}
+    runs: dict[str, Any] = {}
     for name, backend in (("eager", None), ("opt-remat", make_backend(args))):
         torch._dynamo.reset()
         model = shard(build_model().to(device), mesh, backend)
@@ -100,12 +100,12 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
         loss.backward()
         grads = full_grads(model)
         optim.step()
-        params = {n.replace("_orig_mod.", ""): p.detach().full_tensor() for n, p in model.named_parameters()}
+        params = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
         runs[name] = (loss.detach(), grads, params, backend)
     (loss_e, grads_e, params_e, _), (loss_o, grads_o, params_o, backend) = runs["eager"], runs["opt-remat"]
-    history = backend.partitioner.history  # type: ignore[union-attr]
+    pfn = backend.partitioner
     if args.save_plans and dist.get_rank() == 0:
-        opt_remat.save_plans(args.save_plans, history, backend.partitioner.settings)  # type: ignore[union-attr]
+        opt_remat.save_plans(args.save_plans, pfn.history, pfn.settings)
     dist.barrier()  # the file is whole before any rank reads it
     return {
         "rank": dist.get_rank(), "loss": float(loss_o), "loss_eager": float(loss_e),
@@ -113,7 +113,7 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
         "param_error": max(_rel(params_o[k], params_e[k]) for k in params_e),
         "same_names": sorted(grads_o) == sorted(grads_e),
         "plans": [{"solver": r.plan.solver, "graph_id": r.graph_id, "recomputed": len(r.plan.recomputed),
-                   "saved": sorted(_ids(r, r.plan.saved)), "repr": str(r)} for r in history],
+                   "saved": sorted(_ids(r, r.plan.saved)), "repr": str(r)} for r in pfn.history],
     }
 
 
@@ -154,12 +154,12 @@ def run(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> Non
         loss = step(model, optim, tokens(dist.get_rank(), device))
         if dist.get_rank() == 0:
             print(f"step {i}: loss {float(loss):.4f}", flush=True)
+    pfn = backend.partitioner
     if dist.get_rank() == 0:
-        for rec in backend.partitioner.history:  # type: ignore[attr-defined]
+        for rec in pfn.history:  # one per graph partitioned: per-layer compile, one for every layer
             print(rec)
         if args.save_plans:
-            opt_remat.save_plans(args.save_plans, backend.partitioner.history,  # type: ignore[attr-defined]
-                                 backend.partitioner.settings)  # type: ignore[attr-defined]
+            opt_remat.save_plans(args.save_plans, pfn.history, pfn.settings)
 
 
 def _spawned(rank: int, world: int, store: str, runs: list[argparse.Namespace]) -> None:
