@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import opt_remat
 from opt_remat.formats.plan_file import read_plan_file
-
-pytestmark = [pytest.mark.hf, pytest.mark.slow]
+from opt_remat.verify import compare_steps
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -28,6 +29,62 @@ def _plan_ids(entry: dict) -> tuple[str, list[str]]:
     return entry["graph_id"], sorted(ids[n] for n in entry["saved"])
 
 
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Blocks(torch.nn.Module):
+    """Three blocks of the same shapes, each compiled on its own (as decoder layers under FSDP2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x).sin()
+        return x
+
+
+def _step(model: torch.nn.Module, backend) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch._dynamo.reset()
+    for block in model.blocks:
+        block.compile(backend=backend)
+    loss = model(torch.randn(4, 16, generator=torch.Generator().manual_seed(0))).square().mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_save_plans_keeps_one_plan_per_graph_and_applies(tmp_path):
+    torch.manual_seed(0)
+    model = _Blocks()
+    solved = opt_remat.backend(budget=0.0, compiler="eager", decompositions="inductor")
+    loss, grads = _step(model, solved)
+    history = solved.partitioner.history
+    # the first block's input needs no gradient, the others' do: two graphs, the second serving two blocks
+    assert len(history) == 2 and all(r.plan.recomputed for r in history)
+    path = opt_remat.save_plans(tmp_path / "plans.json", history * 2, solved.partitioner.settings)
+    doc = read_plan_file(path)
+    assert [g["graph_id"] for g in doc["graphs"]] == [r.graph_id for r in history]  # one plan per graph
+    assert doc["made_for"]["capture"] == {"compiler": "eager", "decompositions": "inductor"}
+
+    model.zero_grad()
+    applied = opt_remat.backend(plan=str(path), compiler="eager", decompositions="inductor")
+    check = compare_steps(_step(model, applied), (loss, grads))
+    assert [(r.plan.solver, r.plan.saved_bytes, r.graph_id) for r in applied.partitioner.history] == [
+        ("plan:" + r.plan.solver, r.plan.saved_bytes, r.graph_id) for r in history]
+    assert check.ok and check.bitwise
+    with pytest.raises(ValueError, match="no partition records"):
+        opt_remat.save_plans(tmp_path / "empty.json", [])
+
+
+@pytest.mark.hf
+@pytest.mark.slow
 def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path):
     pytest.importorskip("transformers")
     import torch.distributed as dist
