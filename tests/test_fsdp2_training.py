@@ -7,6 +7,7 @@ a plan solved under a budget (it recomputes) and once with that plan read back f
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -85,11 +86,13 @@ def test_save_plans_keeps_one_plan_per_graph_and_applies(tmp_path):
 
 @pytest.mark.hf
 @pytest.mark.slow
-def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path):
+def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this torch build")
+    if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the ranks are local: no need for the host name to resolve
     sys.path.insert(0, str(EXAMPLES))
     import fsdp2_llama as example
 
