@@ -101,8 +101,8 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
         grads = full_grads(model)
         optim.step()
         params = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
-        runs[name] = (loss.detach(), grads, params, backend)
-    (loss_e, grads_e, params_e, _), (loss_o, grads_o, params_o, backend) = runs["eager"], runs["opt-remat"]
+        runs[name] = (loss.detach(), grads, params, backend, layer_states(model, optim))
+    (loss_e, grads_e, params_e, *_), (loss_o, grads_o, params_o, backend, states) = runs["eager"], runs["opt-remat"]
     pfn = backend.partitioner
     if args.save_plans and dist.get_rank() == 0:
         opt_remat.save_plans(args.save_plans, pfn.history, pfn.settings)
@@ -113,8 +113,22 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
         "param_error": max(_rel(params_o[k], params_e[k]) for k in params_e),
         "same_names": sorted(grads_o) == sorted(grads_e),
         "plans": [{"solver": r.plan.solver, "graph_id": r.graph_id, "recomputed": len(r.plan.recomputed),
-                   "saved": sorted(_ids(r, r.plan.saved)), "repr": str(r)} for r in pfn.history],
+                   "saved": sorted(_ids(r, r.plan.saved)), "repr": str(r),
+                   "device_peak": None if r.device_peak is None else
+                   {k.value: v for k, v in r.device_peak.by_kind.items()}} for r in pfn.history],
+        "layer_states": states,
     }
+
+
+def layer_states(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, int]:
+    """What this rank holds for the first decoder layer, read off FSDP2's own tensors: its
+    parameter shards, the layer gathered in the compute dtype (bf16), the optimizer state on the
+    shards (AdamW's moments; its step counters left out, as the rank model does)."""
+    params = list(model.model.layers[0].parameters())
+    return {"sharded": sum(p.to_local().numel() * p.element_size() for p in params),
+            "gathered": sum(p.numel() * 2 for p in params),
+            "optimizer": sum(t.to_local().numel() * t.element_size() for p in params
+                             for k, t in optim.state[p].items() if k != "step")}
 
 
 def _ids(rec: Any, names: Any) -> list[str]:

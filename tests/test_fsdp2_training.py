@@ -96,20 +96,31 @@ def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path, monkeypatch):
     sys.path.insert(0, str(EXAMPLES))
     import fsdp2_llama as example
 
-    plans, solved, applied = tmp_path / "plans.json", tmp_path / "solved", tmp_path / "applied"
-    solved.mkdir()
-    applied.mkdir()
+    plans, solved, applied, device = (tmp_path / name for name in ("plans.json", "solved", "applied", "device"))
+    for folder in (solved, applied, device):
+        folder.mkdir()
     common = ["--check", "--compiler", "eager"]
     example.launch_cpu(2, [
         example.parse(common + ["--budget", "0.3", "--save-plans", str(plans), "--out", str(solved)]),
         example.parse(common + ["--plan", str(plans), "--out", str(applied)]),
+        example.parse(common + ["--device-memory", "1GiB", "--out", str(device)]),
     ])
 
-    for run in (solved, applied):
+    for run in (solved, applied, device):
         for rank in _ranks(run):
             assert rank["same_names"], run
             assert rank["loss"] == pytest.approx(rank["loss_eager"], rel=1e-6), (run, rank)
             assert rank["grad_error"] <= 1e-5 and rank["param_error"] <= 1e-5, (run, rank)
+
+    # under a device budget the record of the layer graph (planned as if it were the step) holds
+    # one layer's states, as FSDP2's own shards, gathered layer and AdamW state on each rank are
+    for rank in _ranks(device):
+        [rec] = rank["plans"]
+        held = rank["layer_states"]
+        assert rec["device_peak"]["sharded parameters"] == held["sharded"], rec["repr"]
+        assert rec["device_peak"]["gathered parameters"] == held["gathered"], rec["repr"]
+        assert rec["device_peak"]["optimizer state"] == held["optimizer"], rec["repr"]
+        assert "device peak" in rec["repr"]
 
     # one layer graph serves both decoder layers; under the budget its plan recomputes
     doc = read_plan_file(plans)
