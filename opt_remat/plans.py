@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 import torch.fx as fx
@@ -16,9 +16,6 @@ from solvers import Plan, Problem
 from .canonical import canonical_values, graph_id
 from .errors import PlanMismatchError
 from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference, graph_entry, plan_document
-
-if TYPE_CHECKING:
-    from .api import PartitionRecord
 
 
 def versions() -> dict[str, str]:
@@ -97,7 +94,19 @@ def mismatch_message(data: dict[str, Any], values: Sequence[dict[str, Any]], gid
             f"{show(theirs)}; likely cause: {cause}. To fix: {how}")
 
 
-def save_plans(path: str | Path, history: Sequence[PartitionRecord],
+class Record(Protocol):
+    """What ``save_plans`` reads of a partition record (``opt_remat.api.PartitionRecord``)."""
+    problem: Problem
+    plan: Plan
+
+    @property
+    def values(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def graph_id(self) -> str: ...
+
+
+def save_plans(path: str | Path, history: Sequence[Record],
                settings: Mapping[str, Any] | None = None) -> Path:
     """A plan file of the plans a training run's partitioner made (``backend_fn.partitioner.history``),
     one per distinct graph (per-layer compile: one layer graph serves every layer), applied later with
