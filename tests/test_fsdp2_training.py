@@ -89,8 +89,11 @@ def test_save_plans_keeps_one_plan_per_graph_and_applies(tmp_path):
 def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     import torch.distributed as dist
+    import torch.multiprocessing as mp
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this torch build")
+    if "spawn" not in mp.get_all_start_methods():
+        pytest.skip("processes cannot be spawned here (multiprocessing has no 'spawn' start method)")
     if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the ranks are local: no need for the host name to resolve
     sys.path.insert(0, str(EXAMPLES))
