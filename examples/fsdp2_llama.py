@@ -115,7 +115,8 @@ def check(args: argparse.Namespace, device: torch.device, mesh: DeviceMesh) -> d
         "plans": [{"solver": r.plan.solver, "graph_id": r.graph_id, "recomputed": len(r.plan.recomputed),
                    "saved": sorted(_ids(r, r.plan.saved)), "repr": str(r),
                    "device_peak": None if r.device_peak is None else
-                   {k.value: v for k, v in r.device_peak.by_kind.items()}} for r in pfn.history],
+                   {"total": r.device_peak.total, **{k.value: v for k, v in r.device_peak.by_kind.items()}}}
+                  for r in pfn.history],
         "layer_states": states,
     }
 

@@ -106,7 +106,8 @@ def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path, monkeypatch):
     example.launch_cpu(2, [
         example.parse(common + ["--budget", "0.3", "--save-plans", str(plans), "--out", str(solved)]),
         example.parse(common + ["--plan", str(plans), "--out", str(applied)]),
-        example.parse(common + ["--device-memory", "1GiB", "--out", str(device)]),
+        # between the layer graph's least peak (625 KiB) and its min-cut plan's (788 KiB): it recomputes to fit
+        example.parse(common + ["--device-memory", "720KiB", "--out", str(device)]),
     ])
 
     for run in (solved, applied, device):
@@ -123,7 +124,7 @@ def test_fsdp2_step_with_opt_remat_equals_eager_fsdp(tmp_path, monkeypatch):
         assert rec["device_peak"]["sharded parameters"] == held["sharded"], rec["repr"]
         assert rec["device_peak"]["gathered parameters"] == held["gathered"], rec["repr"]
         assert rec["device_peak"]["optimizer state"] == held["optimizer"], rec["repr"]
-        assert "device peak" in rec["repr"]
+        assert rec["device_peak"]["total"] <= 720 * 1024 and rec["recomputed"] > 0, rec["repr"]
 
     # one layer graph serves both decoder layers; under the budget its plan recomputes
     doc = read_plan_file(plans)
