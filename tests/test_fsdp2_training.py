@@ -1,8 +1,9 @@
 """Training under FSDP2 with opt-remat, on the CPU over 2 gloo processes: the README's example
 (``examples/fsdp2_llama.py``): a small HF LLaMA, ``fully_shard`` per decoder layer and on the root,
 bf16 compute with fp32 sharded parameters, each layer compiled with ``opt_remat.backend``. One
-AdamW step equals the same FSDP step in eager (loss, full gradients, updated parameters), once with
-a plan solved under a budget (it recomputes) and once with that plan read back from its file."""
+AdamW step equals the same FSDP step in eager (loss, full gradients, updated parameters) with a
+plan solved under a budget (it recomputes), with that plan read back from its file, and under a
+device budget that makes the layer recompute; there the layer record's states are FSDP2's own."""
 
 from __future__ import annotations
 
