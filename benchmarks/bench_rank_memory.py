@@ -34,9 +34,9 @@ TRACKER_KINDS = {
 }
 
 
-def setup(reshard: bool) -> TrainingSetup:
+def setup(reshard: bool, ranks: int = 8) -> TrainingSetup:
     return TrainingSetup(param_dtype="bf16", master_dtype="fp32", reduce_dtype="fp32", optimizer="adamw",
-                         state_dtype="fp32", sharding="fsdp", ranks=8, reshard_after_forward=reshard,
+                         state_dtype="fp32", sharding="fsdp", ranks=ranks, reshard_after_forward=reshard,
                          prefetch=True)
 
 
@@ -57,9 +57,10 @@ def llama_problem() -> Any:
     return problem_from_joint(joint)[1]
 
 
-def tracker(reshard: bool) -> dict[K | str, int]:
+def tracker(reshard: bool, ranks: int = 8) -> dict[K | str, int]:
     """The tracker's peak by kind, run in a subprocess (process-group init is global state)."""
-    out = subprocess.run([sys.executable, str(HERE / "fsdp_tracker.py"), "--reshard", str(int(reshard))],
+    out = subprocess.run([sys.executable, str(HERE / "fsdp_tracker.py"), "--reshard", str(int(reshard)),
+                          "--ranks", str(ranks)],
                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     raw = json.loads(out.stdout.strip().splitlines()[-1])
     got: dict[K | str, int] = {k: 0 for k in K}

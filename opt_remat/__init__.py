@@ -16,7 +16,7 @@ _EXPORTS = {
     "unwrap": "errors", "PlanMismatchError": "errors", "lower_plan": "lower",
     "PeakMeter": "memory", "simulate": "memory",
     "BudgetError": "errors", "PeakBudgetError": "errors", "SolveInterrupted": "errors",
-    "DeviceBudgetError": "errors",
+    "DeviceBudgetError": "errors", "save_plans": "plans",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,8 +3,10 @@ saying what differs when none matches. The file format itself is ``opt_remat.for
 
 from __future__ import annotations
 
+import json
 from importlib import metadata
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 import torch.fx as fx
@@ -13,7 +15,7 @@ from solvers import Plan, Problem
 
 from .canonical import canonical_values, graph_id
 from .errors import PlanMismatchError
-from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference
+from .formats.plan_file import apply_plan, closest_graph, find_graph, first_difference, graph_entry, plan_document
 
 
 def versions() -> dict[str, str]:
@@ -90,3 +92,32 @@ def mismatch_message(data: dict[str, Any], values: Sequence[dict[str, Any]], gid
             f"{gid} here, {len(entry['values'])} and {len(values)} values): first differing value here {show(ours)}, "
             f"in the plan's graph "
             f"{show(theirs)}; likely cause: {cause}. To fix: {how}")
+
+
+class Record(Protocol):
+    """What ``save_plans`` reads of a partition record (``opt_remat.api.PartitionRecord``)."""
+    problem: Problem
+    plan: Plan
+
+    @property
+    def values(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def graph_id(self) -> str: ...
+
+
+def save_plans(path: str | Path, history: Sequence[Record],
+               settings: Mapping[str, Any] | None = None) -> Path:
+    """A plan file of the plans a training run's partitioner made (``backend_fn.partitioner.history``),
+    one per distinct graph (per-layer compile: one layer graph serves every layer), applied later with
+    ``backend(plan=path)`` and the same compiler settings (``settings``: the partitioner's
+    ``settings``, i.e. compiler and decompositions, kept as what the plans were captured for)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for rec in history:
+        entries.setdefault(rec.graph_id, graph_entry(rec.problem, rec.plan, rec.values, rec.graph_id))
+    if not entries:
+        raise ValueError("no partition records to save: compile and run the model's step first")
+    made_for = {"capture": dict(settings or {}), "versions": versions()}
+    out = Path(path)
+    out.write_text(json.dumps(plan_document(list(entries.values()), made_for), indent=1) + "\n")
+    return out
