@@ -1,0 +1,378 @@
+"""The step's memory across its graphs: graph breaks, and per-layer compile (one layer graph run
+once per layer), under one peak or device budget.
+
+A ``Step`` is its graphs in forward order, each with a repeat count (a layer graph serving L
+layers in a row is one entry with ``repeat=L``) and a key (graphs with one key share one plan:
+the same compiled graph). Its timeline: every copy's forward in order, then every backward in
+reverse. While a copy runs, the rank holds:
+
+* what every earlier copy keeps for its backward (``GraphStats.held``: the saved storages its
+  backward reads, its saved data inputs: autograd holds a layer's input hidden states);
+* the copy's own buffers, as its graph's simulation counts them (``solvers.liveness``: forward
+  and backward peaks separately), plus its data inputs while its forward runs (the previous
+  copy's output) and its incoming gradients while its backward runs (the tangents);
+* the parameter gradients of the copies already backwarded (one device, DDP: they live to the
+  optimizer step; under FSDP their shards and the latest reduce-scatter buffer);
+* the rank's states for every copy's parameters (``solvers.rank_memory.RankModel``); under FSDP
+  each copy is one unit, gathered while it runs (with prefetch the next one's all-gather buffer
+  too), all of them from forward to backward without resharding.
+
+Each term is counted over its whole phase, so ``step_peak`` is an upper bound of the step chained
+into one problem (``tests/solvers/test_step.py`` checks it on random layers, L copies chained);
+docs/design.md ("The step across graphs") says where it is exact. ``solve_step`` picks one plan
+per key, the cheapest (recompute cost x repeat) whose step peak fits: candidate plans per graph
+(save-all, checkpointing, min-cut, the fast default under a saved-bytes cap with the own-peak
+room the cap leaves), combined exactly in the step model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Sequence
+
+from .baselines import inputs_only, save_all, uniform_checkpoints
+from .budget import format_bytes
+from .errors import InfeasibleError, PlanError
+from .fast_peak import fast_peak_plan
+from .liveness import simulator
+from .memory_kinds import MemoryKind as K
+from .mincut import lam_range, solve_mincut
+from .problem import Plan, Problem, Role, Status, plan_from_saved
+from .rank_memory import RankModel, rank_curve
+from .training import TrainingSetup
+
+
+class StepBudgetError(InfeasibleError):
+    """No combination of the graphs' candidate plans fits the step's budget: names the lowest
+    step peak found, where it falls and its split by kind."""
+
+    def __init__(self, budget: int, lowest: "StepPeak | None") -> None:
+        self.budget, self.lowest = budget, lowest
+        where = "" if lowest is None else (
+            f"; the lowest step peak found is {format_bytes(lowest.total)} at {lowest.at} ("
+            + ", ".join(f"{k.value} {format_bytes(v)}" for k, v in lowest.by_kind.items()) + ")")
+        super().__init__(f"no plans for the step's graphs fit the budget of {format_bytes(budget)}{where}; "
+                         "raise the budget, or train with less held per layer (FSDP, a bf16 optimizer state)")
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    key: str  # graphs with one key share one plan (one compiled graph: its canonical id)
+    problem: Problem
+    repeat: int = 1  # copies run one after another (a layer graph serving every layer)
+    fixed: frozenset[str] | None = None  # a saved set the planner keeps (an eager part)
+
+
+@dataclass(frozen=True)
+class Step:
+    graphs: tuple[StepGraph, ...]  # in forward order
+
+    def keys(self) -> list[str]:
+        return list(dict.fromkeys(g.key for g in self.graphs))
+
+    def graph(self, key: str) -> StepGraph:
+        return next(g for g in self.graphs if g.key == key)
+
+    def copies(self) -> list[StepGraph]:
+        """Every copy in forward order (a graph of ``repeat`` L appears L times)."""
+        return [g for g in self.graphs for _ in range(g.repeat)]
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """One graph under one plan, as the step model uses it (bytes; ``cost`` in seconds)."""
+    saved: frozenset[str]
+    cost: float
+    held: int  # kept from its forward to its backward: saved storages read, saved data inputs
+    saved_inputs: int  # the data inputs among ``held``
+    inputs: int  # data inputs (not parameters, not tangents), in ``forward`` while alive
+    tangents: int  # incoming gradients, in ``backward`` while alive
+    param_grads: int  # its parameters' gradients, held after its backward (one device, DDP)
+    forward: Mapping[K, int]  # the graph's own buffers at its forward peak, by kind
+    backward: Mapping[K, int]  # at its backward peak
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    total: int
+    at: str  # "KEY copy i/L forward|backward"
+    by_kind: Mapping[K, int]
+
+    def lines(self) -> list[str]:
+        return [f"{k.value}: {v / 2**20:.2f} MiB" for k, v in self.by_kind.items() if v]
+
+
+@dataclass(frozen=True)
+class StepPlans:
+    plans: Mapping[str, Plan]  # per key
+    peak: StepPeak
+    cost: float  # recompute seconds of the whole step (each graph's times its copies)
+    solve_time_s: float = 0.0
+    tried: int = 0  # combinations evaluated
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _input_kinds(problem: Problem) -> tuple[set[str], set[str]]:
+    """(data inputs, tangents) by value name: tangents are inputs only the backward reads."""
+    params = {p.node for p in problem.parameters}
+    data, tangents = set(), set()
+    users = problem.users
+    by_name = problem.by_name
+    for n in problem.nodes:
+        if n.role is not Role.INPUT or n.name in params:
+            continue
+        roles = {by_name[u].role for u in users[n.name]}
+        if roles and roles <= {Role.BACKWARD}:
+            tangents.add(n.name)
+        elif roles:
+            data.add(n.name)
+    return data, tangents
+
+
+def _storage_bytes(problem: Problem, names: Iterable[str]) -> int:
+    size = problem.storage_size
+    return sum(size[s] for s in {problem.by_name[v].storage_id for v in names})
+
+
+def with_boundaries(problem: Problem) -> Problem:
+    """``problem`` with its boundary in its own simulation: each data input a forward value made
+    at the forward's start (banned: a plan keeps it, as autograd keeps a layer's input) and each
+    tangent a backward value made at the backward's start, each freed after its last use as the
+    unrolled step frees them (kept with the problem)."""
+    def make(p: Problem) -> Problem:
+        data, tangents = _input_kinds(p)
+        nodes = []
+        for n in p.nodes:
+            if n.name in data:
+                n = replace(n, role=Role.FORWARD, banned=True, cost=0.0)
+            elif n.name in tangents:
+                n = replace(n, role=Role.BACKWARD)
+            nodes.append(n)
+        return replace(p, nodes=tuple(nodes), name=f"{p.name} (with its boundary)")
+    return problem.derived("step.with_boundaries", make)
+
+
+def graph_stats(problem: Problem, saved: Iterable[str]) -> GraphStats:
+    """``problem`` under the plan saving ``saved``: one simulation of its own buffers by kind (its
+    boundary included: ``with_boundaries``), and what it holds for its backward."""
+    saved = frozenset(saved)
+    plan = plan_from_saved(problem, saved, solver="step", status=Status.HEURISTIC)
+    sim = simulator(problem)
+    ids = {sim.ids[v] for v in saved}
+    read = {sim.names[u] for v in sim.backward_order(ids) for u in (v, *sim.inputs[v])}
+    data, tangents = _input_kinds(problem)
+    wide = with_boundaries(problem)
+    kept = (saved - tangents) | (data & read)  # the inputs the backward reads are kept by autograd
+    curve = rank_curve(wide, kept, None)
+    phases = [ph for ph, _ in curve.steps]
+    kinds = list(curve.by_kind)
+
+    def peak_of(phase: str) -> dict[K, int]:
+        idx = [i for i, ph in enumerate(phases) if ph == phase]
+        if not idx:
+            return {}
+        best = max(idx, key=lambda i: sum(curve.by_kind[k][i] for k in kinds))
+        return {k: curve.by_kind[k][best] for k in kinds if curve.by_kind[k][best]}
+
+    wsim = simulator(wide)
+    wids = {wsim.ids[v] for v in kept}
+    wread = {u for v in wsim.backward_order(wids) for u in (v, *wsim.inputs[v])}
+    held = sum(wsim.size[g] for g in {wsim.sid[v] for v in wids & wread} if wsim.counted[g])
+    grads = [p.grad for p in problem.parameters if p.grad is not None]
+    return GraphStats(saved, plan.recompute_cost, held, _storage_bytes(problem, data & read),
+                      _storage_bytes(problem, data), _storage_bytes(problem, tangents),
+                      _storage_bytes(problem, grads), peak_of("forward"), peak_of("backward"))
+
+
+def _add(into: dict[K, int], kinds: Mapping[K, int], times: int = 1) -> None:
+    for k, v in kinds.items():
+        if v:
+            into[k] = into.get(k, 0) + v * times
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """One copy's states under the set-up (the copy is one FSDP unit)."""
+    constant: Mapping[K, int]  # held all step
+    gathered: int = 0
+    all_gather: int = 0
+    reduce: int = 0
+    grad_shard: int = 0
+
+
+def _rank_of(problem: Problem, setup: TrainingSetup | None) -> _Rank:
+    if setup is None:
+        return _Rank({})
+    model = RankModel(problem, setup)
+    if not setup.sharded:
+        return _Rank(model.constant())
+    # ``RankModel`` on one graph without blocks: the graph's parameters are one (root) unit
+    return _Rank({K.SHARDED_PARAMS: model.sharded_params, K.OPTIMIZER: model.optimizer},
+                 sum(model.gathered), sum(model.all_gather), sum(model.reduce), sum(model.grad_shard))
+
+
+def step_peak(step: Step, plans: Mapping[str, Iterable[str] | GraphStats],
+              setup: TrainingSetup | None = None) -> StepPeak:
+    """The peak of the step's timeline (module doc) under one saved set (or its ``GraphStats``)
+    per key, with the rank's states under ``setup`` (None: the graphs' buffers alone), by kind."""
+    stats = {k: v if isinstance(v, GraphStats) else graph_stats(step.graph(k).problem, v)
+             for k, v in plans.items()}
+    missing = [k for k in step.keys() if k not in stats]
+    if missing:
+        raise PlanError(f"step_peak: no plan for graph(s) {', '.join(missing)}")
+    ranks = {k: _rank_of(step.graph(k).problem, setup) for k in step.keys()}
+    return _peak(step, stats, ranks, setup)
+
+
+def _peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, _Rank],
+          setup: TrainingSetup | None) -> StepPeak:
+    copies = step.copies()
+    n = len(copies)
+    sharded = setup is not None and setup.sharded
+    reshard = setup is None or setup.reshard_after_forward
+    prefetch = setup is not None and setup.prefetch
+    constant: dict[K, int] = {}
+    for g in step.graphs:
+        _add(constant, ranks[g.key].constant, g.repeat)
+    label = []
+    for g in step.graphs:
+        label += [f"{g.key} copy {i + 1}/{g.repeat}" if g.repeat > 1 else g.key for i in range(g.repeat)]
+    best = StepPeak(-1, "", {})
+    held_before = 0
+    for c, g in enumerate(copies):  # forwards
+        s, r = stats[g.key], ranks[g.key]
+        kinds = dict(constant)
+        _add(kinds, {K.ACTIVATIONS: held_before})
+        _add(kinds, s.forward)
+        if sharded:
+            gathered = r.gathered if reshard else sum(ranks[x.key].gathered for x in copies[:c + 1])
+            nxt = ranks[copies[c + 1].key].all_gather if prefetch and c + 1 < n else r.all_gather
+            _add(kinds, {K.GATHERED_PARAMS: gathered, K.ALL_GATHER: nxt})
+        best = _higher(best, kinds, f"{label[c]} forward")
+        held_before += s.held
+    grads_after = 0
+    shards_after = 0
+    for c in range(n - 1, -1, -1):  # backwards
+        g = copies[c]
+        s, r = stats[g.key], ranks[g.key]
+        held_before -= s.held
+        kinds = dict(constant)
+        _add(kinds, {K.ACTIVATIONS: held_before})
+        _add(kinds, s.backward)
+        if sharded:
+            gathered = r.gathered if reshard else sum(ranks[x.key].gathered for x in copies[:c + 1])
+            before = ranks[copies[c - 1].key].all_gather if prefetch and c > 0 else r.all_gather
+            done = ranks[copies[c + 1].key].reduce if c + 1 < n else 0
+            _add(kinds, {K.GATHERED_PARAMS: gathered, K.ALL_GATHER: before if reshard else 0,
+                         K.SHARDED_GRADS: shards_after, K.REDUCE_SCATTER: done})
+            shards_after += r.grad_shard
+        else:
+            _add(kinds, {K.GRADIENTS: grads_after})
+            grads_after += s.param_grads
+        best = _higher(best, kinds, f"{label[c]} backward")
+    return best
+
+
+def _higher(best: StepPeak, kinds: Mapping[K, int], at: str) -> StepPeak:
+    total = sum(kinds.values())
+    if total <= best.total:
+        return best
+    return StepPeak(total, at, {k: kinds.get(k, 0) for k in K if kinds.get(k, 0)})
+
+
+# ---- the solve ------------------------------------------------------------------------------
+
+CAPS = 8  # saved-bytes caps tried per free graph (between its least- and most-saving plans)
+MAX_COMBINATIONS = 20_000  # beyond this, one graph at a time (the others kept)
+
+
+def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
+                    stats: Mapping[str, GraphStats], setup: TrainingSetup | None) -> list[GraphStats]:
+    """Plans of graph ``key`` worth combining: save-all, inputs-only, checkpointing every 1 and 2
+    blocks, min-cut across its trade-off, and per saved-bytes cap the fast default's cheapest plan
+    under the own peak the cap leaves in the step (the other graphs at ``stats``)."""
+    plans: list[Plan] = [save_all(problem), inputs_only(problem)]
+    plans += uniform_checkpoints(problem, (1, 2))
+    lo, hi = lam_range(problem)
+    plans += [solve_mincut(problem, lo * (hi / lo) ** (i / 4)) for i in range(5)] if lo > 0 else []
+    out = {p.saved: graph_stats(problem, p.saved) for p in plans}
+    held = sorted({s.held - s.saved_inputs for s in out.values()})
+    if not held:
+        return list(out.values())
+    ranks = {k: _rank_of(step.graph(k).problem, setup) for k in step.keys()}
+    smallest = min(out.values(), key=lambda s: max(sum(s.forward.values()), sum(s.backward.values())))
+    for i in range(CAPS):
+        cap = int(held[0] + (held[-1] - held[0]) * i / max(CAPS - 1, 1))
+        # the room its own peak has with every copy holding ``cap``: the step with a plan of no
+        # own buffers, less the budget
+        probe = GraphStats(frozenset(), 0.0, cap + smallest.saved_inputs, smallest.saved_inputs,
+                           smallest.inputs, smallest.tangents, smallest.param_grads,
+                           {K.ACTIVATIONS: smallest.inputs}, {K.TEMPORARIES: smallest.tangents})
+        room = budget - _peak(step, {**stats, key: probe}, ranks, setup).total
+        if room <= 0:
+            continue
+        try:
+            plan = fast_peak_plan(problem, room, cap)
+        except InfeasibleError:
+            continue
+        if plan.saved not in out:
+            out[plan.saved] = graph_stats(problem, plan.saved)
+    return list(out.values())
+
+
+def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None) -> StepPlans:
+    """The cheapest plans, one per key (fixed graphs keep theirs), whose step peak (with the rank's
+    states under ``setup``) is at most ``budget`` bytes. Raises StepBudgetError naming the lowest
+    step peak found."""
+    start = time.perf_counter()
+    keys = step.keys()
+    fixed = {k: graph_stats(step.graph(k).problem, step.graph(k).fixed or ()) for k in keys
+             if step.graph(k).fixed is not None}
+    free = [k for k in keys if k not in fixed]
+    ranks = {k: _rank_of(step.graph(k).problem, setup) for k in keys}
+    # start from each free graph's least own-peak plan, then find candidates around the others
+    current = dict(fixed)
+    for k in free:
+        p = step.graph(k).problem
+        current[k] = min((graph_stats(p, x.saved) for x in (inputs_only(p), *uniform_checkpoints(p, (1,)))),
+                         key=lambda s: (s.held, s.cost))
+    pools = {k: candidate_plans(step.graph(k).problem, step, k, budget, current, setup) for k in free}
+    repeats = {k: sum(g.repeat for g in step.graphs if g.key == k) for k in keys}
+
+    def cost(choice: Mapping[str, GraphStats]) -> float:
+        return sum(choice[k].cost * repeats[k] for k in keys)
+
+    best: tuple[float, int, dict[str, GraphStats]] | None = None
+    tried = 0
+    size = 1
+    for k in free:
+        size *= len(pools[k])
+    if size <= MAX_COMBINATIONS:
+        combos: Iterable[Sequence[GraphStats]] = itertools.product(*(pools[k] for k in free))
+    else:  # one graph at a time around the starting plans
+        combos = [tuple(s if j == i else current[f] for j, f in enumerate(free)) for i, k in enumerate(free)
+                  for s in pools[k]]
+    for combo in combos:
+        choice = {**fixed, **dict(zip(free, combo))}
+        tried += 1
+        total = cost(choice)
+        if best is not None and total > best[0]:
+            continue
+        peak = _peak(step, choice, ranks, setup)
+        if peak.total <= budget and (best is None or (total, peak.total) < best[:2]):
+            best = (total, peak.total, choice)
+    if best is None:
+        least = {**fixed, **{k: min(pools[k], key=lambda s: s.held) for k in free}}
+        raise StepBudgetError(budget, _peak(step, least, ranks, setup))
+    choice = best[2]
+    plans = {k: _as_plan(step.graph(k).problem, choice[k], k in fixed) for k in keys}
+    peak = _peak(step, choice, ranks, setup)
+    return StepPlans(plans, peak, best[0], time.perf_counter() - start, tried,
+                     (f"step peak {format_bytes(peak.total)} at {peak.at} under {format_bytes(budget)}",))
+
+
+def _as_plan(problem: Problem, stats: GraphStats, fixed: bool) -> Plan:
+    return plan_from_saved(problem, stats.saved, solver="fixed" if fixed else "step", status=Status.HEURISTIC,
+                           message="kept as given" if fixed else "the step's plan for this graph")
