@@ -75,6 +75,21 @@ class Step:
     def graph(self, key: str) -> StepGraph:
         return next(g for g in self.graphs if g.key == key)
 
+    def shared(self, key: str) -> frozenset[str]:
+        """The inputs the copies of graph ``key`` share (``shared_inputs``): where it runs more
+        than once."""
+        runs = sum(g.repeat for g in self.graphs if g.key == key)
+        return shared_inputs(self.graph(key).problem) if runs > 1 else frozenset()
+
+    def stats(self, key: str, saved: Iterable[str]) -> GraphStats:
+        """Graph ``key`` under a plan; with shared inputs, the first copy's stats as ``first``."""
+        problem, shared = self.graph(key).problem, self.shared(key)
+        if not shared:
+            return graph_stats(problem, saved)
+        middle = graph_stats(problem, saved, shared)
+        read = shared - _forward_only(problem, saved, shared)
+        return replace(middle, first=graph_stats(problem, saved), last=graph_stats(problem, saved, read))
+
     def copies(self) -> list[StepGraph]:
         """Every copy in forward order (a graph of ``repeat`` L appears L times)."""
         return [g for g in self.graphs for _ in range(g.repeat)]
@@ -92,6 +107,11 @@ class GraphStats:
     param_grads: int  # its parameters' gradients, held after its backward (one device, DDP)
     forward: Mapping[K, int]  # the graph's own buffers at its forward peak, by kind
     backward: Mapping[K, int]  # at its backward peak
+    # inputs every copy shares, not read by its backward: alive through the later copies' forwards
+    # (those the backward reads are kept by the first copy: ``first``)
+    shared_forward: int = 0
+    first: "GraphStats | None" = None  # the first copy's, the shared inputs its own
+    last: "GraphStats | None" = None  # the last copy's, the shared inputs its backward does not read its own
 
 
 @dataclass(frozen=True)
@@ -131,40 +151,59 @@ def _input_kinds(problem: Problem) -> tuple[set[str], set[str]]:
     return data, tangents
 
 
+def shared_inputs(problem: Problem) -> frozenset[str]:
+    """The data inputs every copy of a repeated graph shares (a decoder layer's rotary tables and
+    masks): those whose bytes no forward output has. The others are the chain's (the previous
+    copy's output: a layer's input hidden states, the size of its output)."""
+    data, _ = _input_kinds(problem)
+    size = problem.storage_size
+    out_bytes = {size[problem.by_name[o].storage_id] for o in problem.forward_outputs}
+    return frozenset(v for v in data if size[problem.by_name[v].storage_id] not in out_bytes)
+
+
 def _storage_bytes(problem: Problem, names: Iterable[str]) -> int:
     size = problem.storage_size
     return sum(size[s] for s in {problem.by_name[v].storage_id for v in names})
 
 
-def with_boundaries(problem: Problem) -> Problem:
-    """``problem`` with its boundary in its own simulation: each data input a forward value made
-    at the forward's start (banned: a plan keeps it, as autograd keeps a layer's input) and each
-    tangent a backward value made at the backward's start, each freed after its last use as the
-    unrolled step frees them (kept with the problem)."""
+def _forward_only(problem: Problem, saved: Iterable[str], names: frozenset[str]) -> frozenset[str]:
+    """Those of ``names`` the backward (with its recomputation) does not read under the plan."""
+    sim = simulator(problem)
+    ids = {sim.ids[v] for v in saved}
+    read = {sim.names[u] for v in sim.backward_order(ids) for u in (v, *sim.inputs[v])}
+    return names - read
+
+
+def with_boundaries(problem: Problem, shared: frozenset[str] = frozenset()) -> Problem:
+    """``problem`` with its boundary in its own simulation: each data input (but the ``shared``
+    ones) a forward value made at the forward's start (banned: a plan keeps it, as autograd keeps
+    a layer's input) and each tangent a backward value made at the backward's start, each freed
+    after its last use as the unrolled step frees them (kept with the problem)."""
     def make(p: Problem) -> Problem:
         data, tangents = _input_kinds(p)
         nodes = []
         for n in p.nodes:
-            if n.name in data:
+            if n.name in data - shared:
                 n = replace(n, role=Role.FORWARD, banned=True, cost=0.0)
             elif n.name in tangents:
                 n = replace(n, role=Role.BACKWARD)
             nodes.append(n)
         return replace(p, nodes=tuple(nodes), name=f"{p.name} (with its boundary)")
-    return problem.derived("step.with_boundaries", make)
+    return problem.derived(f"step.with_boundaries {sorted(shared)}", make)
 
 
-def graph_stats(problem: Problem, saved: Iterable[str]) -> GraphStats:
+def graph_stats(problem: Problem, saved: Iterable[str], shared: frozenset[str] = frozenset()) -> GraphStats:
     """``problem`` under the plan saving ``saved``: one simulation of its own buffers by kind (its
-    boundary included: ``with_boundaries``), and what it holds for its backward."""
+    boundary included: ``with_boundaries``; ``shared`` inputs counted once per step instead), and
+    what it holds for its backward."""
     saved = frozenset(saved)
     plan = plan_from_saved(problem, saved, solver="step", status=Status.HEURISTIC)
     sim = simulator(problem)
     ids = {sim.ids[v] for v in saved}
     read = {sim.names[u] for v in sim.backward_order(ids) for u in (v, *sim.inputs[v])}
     data, tangents = _input_kinds(problem)
-    wide = with_boundaries(problem)
-    kept = (saved - tangents) | (data & read)  # the inputs the backward reads are kept by autograd
+    wide = with_boundaries(problem, shared)
+    kept = (saved - tangents - shared) | ((data - shared) & read)  # autograd keeps the inputs it reads
     curve = rank_curve(wide, kept, None)
     phases = [ph for ph, _ in curve.steps]
     kinds = list(curve.by_kind)
@@ -181,9 +220,10 @@ def graph_stats(problem: Problem, saved: Iterable[str]) -> GraphStats:
     wread = {u for v in wsim.backward_order(wids) for u in (v, *wsim.inputs[v])}
     held = sum(wsim.size[g] for g in {wsim.sid[v] for v in wids & wread} if wsim.counted[g])
     grads = [p.grad for p in problem.parameters if p.grad is not None]
-    return GraphStats(saved, plan.recompute_cost, held, _storage_bytes(problem, data & read),
-                      _storage_bytes(problem, data), _storage_bytes(problem, tangents),
-                      _storage_bytes(problem, grads), peak_of("forward"), peak_of("backward"))
+    return GraphStats(saved, plan.recompute_cost, held, _storage_bytes(problem, (data - shared) & read),
+                      _storage_bytes(problem, data - shared), _storage_bytes(problem, tangents),
+                      _storage_bytes(problem, grads), peak_of("forward"), peak_of("backward"),
+                      _storage_bytes(problem, shared - read))
 
 
 def _add(into: dict[K, int], kinds: Mapping[K, int], times: int = 1) -> None:
@@ -217,7 +257,7 @@ def step_peak(step: Step, plans: Mapping[str, Iterable[str] | GraphStats],
               setup: TrainingSetup | None = None) -> StepPeak:
     """The peak of the step's timeline (module doc) under one saved set (or its ``GraphStats``)
     per key, with the rank's states under ``setup`` (None: the graphs' buffers alone), by kind."""
-    stats = {k: v if isinstance(v, GraphStats) else graph_stats(step.graph(k).problem, v)
+    stats = {k: v if isinstance(v, GraphStats) else step.stats(k, v)
              for k, v in plans.items()}
     missing = [k for k in step.keys() if k not in stats]
     if missing:
@@ -240,11 +280,26 @@ def _peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, _Rank
     for g in step.graphs:
         label += [f"{g.key} copy {i + 1}/{g.repeat}" if g.repeat > 1 else g.key for i in range(g.repeat)]
     best = StepPeak(-1, "", {})
+    first: dict[str, int] = {}
+    for c, g in enumerate(copies):
+        first.setdefault(g.key, c)
+    last = {g.key: c for c, g in enumerate(copies)}
+
+    def of(c: int) -> GraphStats:  # a repeated graph's first copy owns the shared inputs, its last the unread ones
+        k = copies[c].key
+        s = stats[k]
+        if s.first is not None and first[k] == c:
+            return s.first
+        return s.last if s.last is not None and last[k] == c else s
+
+    def shared(c: int) -> int:  # shared inputs the backward does not read: through the middle copies' forwards
+        return sum(stats[k].shared_forward for k, at in first.items() if at < c < last[k])
+
     held_before = 0
     for c, g in enumerate(copies):  # forwards
-        s, r = stats[g.key], ranks[g.key]
+        s, r = of(c), ranks[g.key]
         kinds = dict(constant)
-        _add(kinds, {K.ACTIVATIONS: held_before})
+        _add(kinds, {K.ACTIVATIONS: held_before + shared(c)})
         _add(kinds, s.forward)
         if sharded:
             gathered = r.gathered if reshard else sum(ranks[x.key].gathered for x in copies[:c + 1])
@@ -256,7 +311,7 @@ def _peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, _Rank
     shards_after = 0
     for c in range(n - 1, -1, -1):  # backwards
         g = copies[c]
-        s, r = stats[g.key], ranks[g.key]
+        s, r = of(c), ranks[g.key]
         held_before -= s.held
         kinds = dict(constant)
         _add(kinds, {K.ACTIVATIONS: held_before})
@@ -297,7 +352,7 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
     plans += uniform_checkpoints(problem, (1, 2))
     lo, hi = lam_range(problem)
     plans += [solve_mincut(problem, lo * (hi / lo) ** (i / 4)) for i in range(5)] if lo > 0 else []
-    out = {p.saved: graph_stats(problem, p.saved) for p in plans}
+    out = {p.saved: step.stats(key, p.saved) for p in plans}
     held = sorted({s.held - s.saved_inputs for s in out.values()})
     if not held:
         return list(out.values())
@@ -309,7 +364,8 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
         # own buffers, less the budget
         probe = GraphStats(frozenset(), 0.0, cap + smallest.saved_inputs, smallest.saved_inputs,
                            smallest.inputs, smallest.tangents, smallest.param_grads,
-                           {K.ACTIVATIONS: smallest.inputs}, {K.TEMPORARIES: smallest.tangents})
+                           {K.ACTIVATIONS: smallest.inputs}, {K.TEMPORARIES: smallest.tangents},
+                           smallest.shared_forward, smallest.first, smallest.last)
         room = budget - _peak(step, {**stats, key: probe}, ranks, setup).total
         if room <= 0:
             continue
@@ -318,7 +374,7 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
         except InfeasibleError:
             continue
         if plan.saved not in out:
-            out[plan.saved] = graph_stats(problem, plan.saved)
+            out[plan.saved] = step.stats(key, plan.saved)
     return list(out.values())
 
 
@@ -328,7 +384,7 @@ def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None) -> S
     step peak found."""
     start = time.perf_counter()
     keys = step.keys()
-    fixed = {k: graph_stats(step.graph(k).problem, step.graph(k).fixed or ()) for k in keys
+    fixed = {k: step.stats(k, step.graph(k).fixed or ()) for k in keys
              if step.graph(k).fixed is not None}
     free = [k for k in keys if k not in fixed]
     ranks = {k: _rank_of(step.graph(k).problem, setup) for k in keys}
@@ -336,7 +392,7 @@ def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None) -> S
     current = dict(fixed)
     for k in free:
         p = step.graph(k).problem
-        current[k] = min((graph_stats(p, x.saved) for x in (inputs_only(p), *uniform_checkpoints(p, (1,)))),
+        current[k] = min((step.stats(k, x.saved) for x in (inputs_only(p), *uniform_checkpoints(p, (1,)))),
                          key=lambda s: (s.held, s.cost))
     pools = {k: candidate_plans(step.graph(k).problem, step, k, budget, current, setup) for k in free}
     repeats = {k: sum(g.repeat for g in step.graphs if g.key == k) for k in keys}
