@@ -15,7 +15,8 @@ from solvers.liveness import simulator
 from solvers.memory_kinds import MemoryKind as K
 from solvers.problem import Parameter
 from solvers.rank_memory import RankModel
-from solvers.step import Step, StepBudgetError, StepGraph, graph_stats, solve_step, step_peak
+from solvers.step import Step, StepGraph, graph_stats, step_peak
+from solvers.step_solve import StepBudgetError, solve_step
 from solvers.training import TrainingSetup
 
 F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
