@@ -44,14 +44,9 @@ class StepCapture:
 def capture_step(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
                  per_layer: str, compiler: str = "eager", decompositions: Any = "inductor", meta: bool = False,
                  dtype: torch.dtype | None = None, seed: int = 0) -> StepCapture:
-    """The step as one graph, and each module of the list at ``per_layer`` compiled on its own as
-    training compiles it (``torch.compile(layer, backend=opt_remat.backend(...))``), the rest
-    eager. Arguments as ``capture.capture_graphs`` takes them."""
-    whole = capture_graphs(model, example_inputs, compiler=compiler, decompositions=decompositions, meta=meta,
-                           dtype=dtype, seed=seed)
-    if len(whole) != 1:
-        raise CaptureError(f"capture.per_layer needs the step to compile to one graph without it (to read the "
-                           f"root's parts off), got {len(whole)} (graph breaks)")
+    """Each module of the list at ``per_layer`` compiled on its own as training compiles it
+    (``torch.compile(layer, backend=opt_remat.backend(...))``), the rest eager; and the step as
+    one graph. Arguments as ``capture.capture_graphs`` takes them."""
     seen: list[JointGraph] = []
 
     def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
@@ -71,13 +66,18 @@ def capture_step(model: torch.nn.Module | Callable[[], torch.nn.Module], example
         for layer in layers:
             layer.compile(backend=be)
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            inputs = list(example_inputs)
             if fake_mode is not None:
-                example_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
-                                  for x in example_inputs]
+                inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
             torch.manual_seed(seed)
-            module(*example_inputs)
+            module(*inputs)
     finally:
         torch._dynamo.reset()
+    whole = capture_graphs(model, example_inputs, compiler=compiler, decompositions=decompositions, meta=meta,
+                           dtype=dtype, seed=seed)
+    if len(whole) != 1:
+        raise CaptureError(f"capture.per_layer needs the step to compile to one graph without it (to read the "
+                           f"root's parts off), got {len(whole)} (graph breaks)")
     if not seen:
         raise CaptureError(f"capture.per_layer {per_layer!r}: compiling its modules gave no joint graph (does "
                            "the step call them with inputs that need gradients?)")
