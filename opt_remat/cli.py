@@ -177,9 +177,16 @@ def _solve(args: argparse.Namespace) -> int:
     if not out.parent.exists():
         raise UsageError(f"-o: folder {out.parent} does not exist")
     budgets = cfg.budgets
+    written: list[Path] = []
+    if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
+        from .runs.step_files import solve_step_files
+        try:
+            solve_step_files(cfg, out, written)
+        except SolveRefused as exc:
+            raise UsageError(str(exc)) from None
+        return 0
     print(f"capturing {cfg.name} ...", flush=True)
     works = materialize_all(cfg)
-    written: list[Path] = []
     try:
         solve_to_files(cfg, works, name, args.solver, options, out, written)
     except SolveRefused as exc:
@@ -210,6 +217,10 @@ def _show(args: argparse.Namespace) -> int:
     print(f"plan file {args.plan}: {len(doc['graphs'])} graph(s)")
     for line in made_for_lines(doc.get("made_for") or {}):
         print("  " + line)
+    if doc.get("step"):
+        from .runs.show import step_lines
+        for line in step_lines(doc["step"]):
+            print("  " + line)
     for i, graph in enumerate(doc["graphs"]):
         print(f"\n== graph {i + 1} of {len(doc['graphs'])}" if len(doc["graphs"]) > 1 else "")
         show_graph(graph, args.names)

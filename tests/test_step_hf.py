@@ -70,3 +70,63 @@ def test_a_step_plan_applied_per_layer_is_measured_within_5_percent():
     assert row["layers"] == 4
     assert row["predicted"] <= row["budget"] < row["eager_predicted"]
     assert abs(row["error"]) <= 0.05, row
+
+
+def test_solve_plans_the_step_and_each_layer_applies_its_plan(tmp_path, capsys):
+    import json
+
+    import torch
+
+    import opt_remat
+    from opt_remat.cli import main
+
+    cfg = tmp_path / "step.yaml"
+    cfg.write_text(f"""
+model:
+  factory: opt_remat.hf:causal_lm
+  kwargs: {{architecture: LlamaForCausalLM, config: {json.dumps(TINY)}}}
+  inputs: [{{shape: [2, 16], dtype: int64, high: 128}}]
+capture: {{decompositions: none, per_layer: model.model.layers}}
+budgets: [{{peak: 2MiB}}]
+solvers: [default]
+""")
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(cfg), "-o", str(plan)]) == 0
+    doc = json.loads(plan.read_text())
+    assert [g["repeat"] for g in doc["step"]["graphs"]] == [1, 3, 1]
+    assert doc["step"]["peak_bytes"] <= 2 * 2**20 and len(doc["graphs"]) == 3
+    assert main(["show", str(plan)]) == 0
+    shown = capsys.readouterr().out
+    assert "step peak  :" in shown and "x3" in shown
+
+    torch.manual_seed(0)
+    model = _tiny()
+    backends = [opt_remat.backend(plan=str(plan), compiler="eager", decompositions="none")
+                for _ in model.get_submodule("model.model.layers")]
+    for layer, be in zip(model.get_submodule("model.model.layers"), backends):
+        layer.compile(backend=be)
+    model(torch.randint(0, 128, (2, 16))).backward()
+    assert [r.plan.solver for be in backends for r in be.partitioner.history] == ["plan:step"] * 3
+
+
+def test_a_budget_the_step_cannot_meet_is_refused_with_the_lowest_peak(tmp_path, capsys):
+    import json
+    import re
+
+    from opt_remat.cli import main
+
+    cfg = tmp_path / "step.yaml"
+    cfg.write_text(f"""
+model:
+  factory: opt_remat.hf:causal_lm
+  kwargs: {{architecture: LlamaForCausalLM, config: {json.dumps(TINY)}}}
+  inputs: [{{shape: [2, 16], dtype: int64, high: 128}}]
+capture: {{meta: true, decompositions: none, per_layer: model.model.layers}}
+budgets: [{{device: 100KiB}}]
+solvers: [default]
+""")
+    assert main(["solve", str(cfg), "-o", str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"budget device 100KiB: no plans for the step's graphs fit the budget of 100\.00 KiB; the "
+                     r"lowest step peak found is .* at .*sharded parameters", err), err
+    assert not (tmp_path / "plan.json").exists()
