@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from .baselines import inputs_only, save_all, uniform_checkpoints
@@ -19,7 +19,7 @@ from .fast_peak import fast_peak_plan
 from .memory_kinds import MemoryKind as K
 from .mincut import lam_range, solve_mincut
 from .problem import Plan, Problem, Status, plan_from_saved
-from .step import GraphStats, Step, StepPeak, copy_rank, stats_peak
+from .step import GraphStats, Step, StepPeak, copy_rank, stats_peak, with_boundaries
 from .training import TrainingSetup
 
 
@@ -48,42 +48,60 @@ class StepPlans:
 
 # ---- the solve ------------------------------------------------------------------------------
 
-CAPS = 8  # saved-bytes caps tried per free graph (between its least- and most-saving plans)
+CAPS = 12  # caps on what a copy holds tried per free graph (between its plans' least and most)
+REFINE = 3  # finer caps on each side of the cheapest plan that fits
 MAX_COMBINATIONS = 20_000  # beyond this, one graph at a time (the others kept)
 
 
 def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
                     stats: Mapping[str, GraphStats], setup: TrainingSetup | None) -> list[GraphStats]:
     """Plans of graph ``key`` worth combining: save-all, inputs-only, checkpointing every 1 and 2
-    blocks, min-cut across its trade-off, and per saved-bytes cap the fast default's cheapest plan
-    under the own peak the cap leaves in the step (the other graphs at ``stats``)."""
+    blocks, min-cut across its trade-off, and per cap on what each copy holds the fast default's
+    cheapest plan under the own peak that cap leaves in the step (the other graphs at ``stats``),
+    on the graph with its boundary (``solvers.step.with_boundaries``: its saved bytes are what a
+    copy holds); the caps spread between the plans' least and most held, then refined around the
+    cheapest that fits."""
     plans: list[Plan] = [save_all(problem), inputs_only(problem)]
     plans += uniform_checkpoints(problem, (1, 2))
     lo, hi = lam_range(problem)
     plans += [solve_mincut(problem, lo * (hi / lo) ** (i / 4)) for i in range(5)] if lo > 0 else []
     out = {p.saved: step.stats(key, p.saved) for p in plans}
-    held = sorted({s.held - s.saved_inputs for s in out.values()})
-    if not held:
-        return list(out.values())
+    held = sorted({s.held for s in out.values()})
     ranks = {k: copy_rank(step.graph(k).problem, setup) for k in step.keys()}
-    smallest = min(out.values(), key=lambda s: max(sum(s.forward.values()), sum(s.backward.values())))
-    for i in range(CAPS):
-        cap = int(held[0] + (held[-1] - held[0]) * i / max(CAPS - 1, 1))
+    wide = with_boundaries(problem, step.shared(key))
+    copies = sum(g.repeat for g in step.graphs if g.key == key)
+
+    boundary = min(out.values(), key=lambda s: s.held)
+
+    def at_cap(cap: int) -> None:
         # the room its own peak has with every copy holding ``cap``: the step with a plan of no
-        # own buffers, less the budget
-        probe = GraphStats(frozenset(), 0.0, cap + smallest.saved_inputs, smallest.saved_inputs,
-                           smallest.inputs, smallest.tangents, smallest.param_grads,
-                           {K.ACTIVATIONS: smallest.inputs}, {K.TEMPORARIES: smallest.tangents},
-                           smallest.shared_forward, smallest.first, smallest.last)
-        room = budget - stats_peak(step, {**stats, key: probe}, ranks, setup).total
-        if room <= 0:
-            continue
-        try:
-            plan = fast_peak_plan(problem, room, cap)
-        except InfeasibleError:
-            continue
-        if plan.saved not in out:
-            out[plan.saved] = step.stats(key, plan.saved)
+        # own buffers, less the budget; on the graph with its boundary, and on the graph alone
+        # (its boundary as the least-holding plan's: the two find different plans)
+        for graph, probe, saved_cap in (
+                (wide, GraphStats(frozenset(), 0.0, cap, 0, 0, 0, 0, {}, {}), cap),
+                (problem, replace(boundary, held=cap, forward={K.ACTIVATIONS: boundary.inputs},
+                                  backward={K.TEMPORARIES: boundary.tangents}), cap - boundary.saved_inputs)):
+            room = budget - stats_peak(step, {**stats, key: probe}, ranks, setup).total
+            if room <= 0 or saved_cap < 0:
+                continue
+            try:
+                plan = fast_peak_plan(graph, room, saved_cap)
+            except InfeasibleError:
+                continue
+            if plan.saved not in out:
+                out[plan.saved] = step.stats(key, plan.saved)
+
+    caps = [int(held[0] + (held[-1] - held[0]) * i / max(CAPS - 1, 1)) for i in range(CAPS)] if held else []
+    for cap in caps:
+        at_cap(cap)
+    fitting = [(s.cost, s.held) for s in out.values()
+               if stats_peak(step, {**stats, key: s}, ranks, setup).total <= budget]
+    if fitting and copies > 0 and len(caps) > 1:  # finer caps on either side of the cheapest that fits
+        best_held = min(fitting)[1]
+        step_bytes = (caps[1] - caps[0]) / (REFINE + 1)
+        for j in range(-REFINE, REFINE + 1):
+            if j:
+                at_cap(int(best_held + j * step_bytes))
     return list(out.values())
 
 
