@@ -105,7 +105,7 @@ class StepPeak:
         return [f"{k.value}: {v / 2**20:.2f} MiB" for k, v in self.by_kind.items() if v]
 
 
-def _input_kinds(problem: Problem) -> tuple[set[str], set[str]]:
+def input_kinds(problem: Problem) -> tuple[set[str], set[str]]:
     """(data inputs, tangents) by value name: tangents are inputs only the backward reads."""
     params = {p.node for p in problem.parameters}
     data, tangents = set(), set()
@@ -126,7 +126,7 @@ def shared_inputs(problem: Problem) -> frozenset[str]:
     """The data inputs every copy of a repeated graph shares (a decoder layer's rotary tables and
     masks): those whose bytes no forward output has. The others are the chain's (the previous
     copy's output: a layer's input hidden states, the size of its output)."""
-    data, _ = _input_kinds(problem)
+    data, _ = input_kinds(problem)
     size = problem.storage_size
     out_bytes = {size[problem.by_name[o].storage_id] for o in problem.forward_outputs}
     return frozenset(v for v in data if size[problem.by_name[v].storage_id] not in out_bytes)
@@ -151,7 +151,7 @@ def with_boundaries(problem: Problem, shared: frozenset[str] = frozenset()) -> P
     a layer's input) and each tangent a backward value made at the backward's start, each freed
     after its last use as the unrolled step frees them (kept with the problem)."""
     def make(p: Problem) -> Problem:
-        data, tangents = _input_kinds(p)
+        data, tangents = input_kinds(p)
         nodes = []
         for n in p.nodes:
             if n.name in data - shared:
@@ -172,7 +172,7 @@ def graph_stats(problem: Problem, saved: Iterable[str], shared: frozenset[str] =
     sim = simulator(problem)
     ids = {sim.ids[v] for v in saved}
     read = {sim.names[u] for v in sim.backward_order(ids) for u in (v, *sim.inputs[v])}
-    data, tangents = _input_kinds(problem)
+    data, tangents = input_kinds(problem)
     wide = with_boundaries(problem, shared)
     kept = (saved - tangents - shared) | ((data - shared) & read)  # autograd keeps the inputs it reads
     curve = rank_curve(wide, kept, None)

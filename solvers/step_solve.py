@@ -19,7 +19,7 @@ from .fast_peak import fast_peak_plan
 from .memory_kinds import MemoryKind as K
 from .mincut import lam_range, solve_mincut
 from .problem import Plan, Problem, Status, plan_from_saved
-from .step import GraphStats, Step, StepPeak, copy_rank, stats_peak, with_boundaries
+from .step import GraphStats, Step, StepPeak, copy_rank, input_kinds, stats_peak, with_boundaries
 from .training import TrainingSetup
 
 
@@ -72,6 +72,7 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
     copies = sum(g.repeat for g in step.graphs if g.key == key)
 
     boundary = min(out.values(), key=lambda s: s.held)
+    tangents = frozenset(input_kinds(problem)[1])
 
     def at_cap(cap: int) -> None:
         # the room its own peak has with every copy holding ``cap``: the step with a plan of no
@@ -88,8 +89,9 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
                 plan = fast_peak_plan(graph, room, saved_cap)
             except InfeasibleError:
                 continue
-            if plan.saved not in out:
-                out[plan.saved] = step.stats(key, plan.saved)
+            saved = plan.saved | tangents  # on the graph alone its incoming gradients are inputs it keeps
+            if saved not in out:
+                out[saved] = step.stats(key, saved)
 
     caps = [int(held[0] + (held[-1] - held[0]) * i / max(CAPS - 1, 1)) for i in range(CAPS)] if held else []
     for cap in caps:
