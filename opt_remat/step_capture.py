@@ -21,9 +21,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from solvers.baselines import save_all
 from solvers.step import Step, StepGraph
-from solvers.step_parts import root_parts
+from solvers.step_parts import eager_saved, root_parts
 
 from . import road
 from .capture import JointGraph, _build_fake, _capturing_backend, _deepcopy_unfaked, _default_dtype, capture_graphs
@@ -129,9 +128,9 @@ def build_step(captured: StepCapture, request: SolveRequest) -> StepWork:
             raise CaptureError(f"capture.per_layer: {captured.count} layers compiled to {len(captured.layers)} "
                                f"graphs of {len(runs)} kinds; cannot tell which layer ran which")
         runs = [(runs[0][0], captured.count)]
-    graphs = [StepGraph(BEFORE, before, 1, fixed=save_all(before).saved)]
+    graphs = [StepGraph(BEFORE, before, 1, fixed=eager_saved(before))]
     graphs += [StepGraph(gid, work.prepared[gid].problem, n) for gid, n in runs]
-    graphs.append(StepGraph(AFTER, after, 1, fixed=save_all(after).saved))
+    graphs.append(StepGraph(AFTER, after, 1, fixed=eager_saved(after)))
     work.step = Step(tuple(graphs))
     return work
 

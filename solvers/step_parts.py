@@ -10,8 +10,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Collection
 
+from .baselines import _walk
 from .errors import ProblemError
 from .problem import Node, Problem, Role
+
+
+def eager_saved(problem: Problem) -> frozenset[str]:
+    """What eager autograd saves: every forward value the backward reads; values only the
+    backward needs (``either``) run there, from saved inputs. The plan of a part run eagerly."""
+    return frozenset(_walk(problem, lambda v: problem.by_name[v].role is not Role.EITHER))
 
 
 def sub_problem(problem: Problem, names: Collection[str], name: str) -> Problem:
