@@ -124,10 +124,14 @@ def build_step(captured: StepCapture, request: SolveRequest) -> StepWork:
         else:
             runs.append((gid, 1))
     if len(captured.layers) != captured.count:
-        if len(runs) != 1:  # compiled graphs reused by some layers but not others: which ran where is unknown
-            raise CaptureError(f"capture.per_layer: {captured.count} layers compiled to {len(captured.layers)} "
-                               f"graphs of {len(runs)} kinds; cannot tell which layer ran which")
-        runs = [(runs[0][0], captured.count)]
+        if len(captured.layers) != 1:  # dynamo stopped recompiling: the other layers ran eagerly
+            raise CaptureError(
+                f"capture.per_layer: {captured.count} layers under {captured.path!r} compiled only "
+                f"{len(captured.layers)} graphs: dynamo recompiled per layer and stopped at its recompile limit "
+                f"(torch._dynamo.config.recompile_limit), running the rest eagerly, as training would; give the "
+                "layers inputs that do not change from layer to layer (Hugging Face: use_cache: false in the "
+                "model's config) or raise the limit")
+        runs = [(runs[0][0], captured.count)]  # one compiled graph reused by every layer
     graphs = [StepGraph(BEFORE, before, 1, fixed=eager_saved(before))]
     graphs += [StepGraph(gid, work.prepared[gid].problem, n) for gid, n in runs]
     graphs.append(StepGraph(AFTER, after, 1, fixed=eager_saved(after)))
