@@ -24,8 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LLAMA = dict(num_hidden_layers=4, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
-             num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, attn_implementation="sdpa",
-             use_cache=False)
+             num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, attn_implementation="sdpa")
 PATH = "model.model.layers"  # the decoder layers in opt_remat.hf.causal_lm's wrapper
 SETUP = dict(param_dtype="bf16", master_dtype="bf16", reduce_dtype="bf16", optimizer="adamw", state_dtype="bf16")
 

@@ -64,7 +64,11 @@ def capture_step(model: torch.nn.Module | Callable[[], torch.nn.Module], example
         layers = _layer_list(module, per_layer)
         for layer in layers:
             layer.compile(backend=be)
-        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        # layers that recompile per layer (a guard on Hugging Face's KV-cache slot) each compile
+        # here; training needs the same limit (``recompile_limit_hint``)
+        limit = max(torch._dynamo.config.recompile_limit, len(layers))
+        with torch._dynamo.config.patch(recompile_limit=limit), \
+                fake_mode if fake_mode is not None else contextlib.nullcontext():
             inputs = list(example_inputs)
             if fake_mode is not None:
                 inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -99,8 +103,10 @@ def _layer_list(module: torch.nn.Module, path: str) -> list[torch.nn.Module]:
 @dataclass
 class StepWork:
     """A step of graphs (``solvers.step.Step``) with, per key, its prepared graph (compiled
-    layers) and canonical values and id, what plan files need."""
+    layers) and canonical values and id, what plan files need; ``needs``: a line training needs
+    besides the backends (``recompile_limit_hint``)."""
     step: Step
+    needs: str | None = None
     prepared: dict[str, road.PreparedGraph] = field(default_factory=dict)
     values: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -124,19 +130,24 @@ def build_step(captured: StepCapture, request: SolveRequest) -> StepWork:
         else:
             runs.append((gid, 1))
     if len(captured.layers) != captured.count:
-        if len(captured.layers) != 1:  # dynamo stopped recompiling: the other layers ran eagerly
-            raise CaptureError(
-                f"capture.per_layer: {captured.count} layers under {captured.path!r} compiled only "
-                f"{len(captured.layers)} graphs: dynamo recompiled per layer and stopped at its recompile limit "
-                f"(torch._dynamo.config.recompile_limit), running the rest eagerly, as training would; give the "
-                "layers inputs that do not change from layer to layer (Hugging Face: use_cache: false in the "
-                "model's config) or raise the limit")
+        if len(captured.layers) != 1:
+            raise CaptureError(f"capture.per_layer: {captured.count} layers under {captured.path!r} compiled "
+                               f"{len(captured.layers)} graphs; expected one per layer or one for all")
         runs = [(runs[0][0], captured.count)]  # one compiled graph reused by every layer
     graphs = [StepGraph(BEFORE, before, 1, fixed=eager_saved(before))]
     graphs += [StepGraph(gid, work.prepared[gid].problem, n) for gid, n in runs]
     graphs.append(StepGraph(AFTER, after, 1, fixed=eager_saved(after)))
     work.step = Step(tuple(graphs))
+    work.needs = recompile_limit_hint(captured)
     return work
+
+
+def recompile_limit_hint(captured: StepCapture) -> str | None:
+    """The line training needs where every layer compiled on its own beyond dynamo's default
+    recompile limit (each layer recompiles: Hugging Face's KV cache), else None."""
+    if len(captured.layers) > 1 and len(captured.layers) > torch._dynamo.config.recompile_limit:
+        return f"torch._dynamo.config.recompile_limit = {len(captured.layers)}"
+    return None
 
 
 def _args(joint: JointGraph) -> tuple[fx.GraphModule, int, list[int] | None]:

@@ -247,6 +247,14 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
     constant: dict[K, int] = {}
     for g in step.graphs:
         _add(constant, ranks[g.key].constant, g.repeat)
+    runs = {k: sum(g.repeat for g in step.graphs if g.key == k) for k in step.keys()}
+    if sharded:  # FSDP2's root unit: every graph run once, gathered all step, reduce-scattered at its end
+        _add(constant, {K.GATHERED_PARAMS: sum(ranks[k].gathered for k in runs if runs[k] == 1)})
+
+    def unit_gathered(c: int) -> int:  # the running layer unit's (all forwarded ones without resharding)
+        if reshard:
+            return ranks[copies[c].key].gathered if runs[copies[c].key] > 1 else 0
+        return sum(ranks[x.key].gathered for x in copies[:c + 1] if runs[x.key] > 1)
     label = []
     for g in step.graphs:
         label += [f"{g.key} copy {i + 1}/{g.repeat}" if g.repeat > 1 else g.key for i in range(g.repeat)]
@@ -273,9 +281,8 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
         _add(kinds, {K.ACTIVATIONS: held_before + shared(c)})
         _add(kinds, s.forward)
         if sharded:
-            gathered = r.gathered if reshard else sum(ranks[x.key].gathered for x in copies[:c + 1])
             nxt = ranks[copies[c + 1].key].all_gather if prefetch and c + 1 < n else r.all_gather
-            _add(kinds, {K.GATHERED_PARAMS: gathered, K.ALL_GATHER: nxt})
+            _add(kinds, {K.GATHERED_PARAMS: unit_gathered(c), K.ALL_GATHER: nxt})
         best = _higher(best, kinds, f"{label[c]} forward")
         held_before += s.held
     grads_after = 0
@@ -288,12 +295,14 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
         _add(kinds, {K.ACTIVATIONS: held_before})
         _add(kinds, s.backward)
         if sharded:
-            gathered = r.gathered if reshard else sum(ranks[x.key].gathered for x in copies[:c + 1])
             before = ranks[copies[c - 1].key].all_gather if prefetch and c > 0 else r.all_gather
-            done = ranks[copies[c + 1].key].reduce if c + 1 < n else 0
-            _add(kinds, {K.GATHERED_PARAMS: gathered, K.ALL_GATHER: before if reshard else 0,
-                         K.SHARDED_GRADS: shards_after, K.REDUCE_SCATTER: done})
-            shards_after += r.grad_shard
+            done = ranks[copies[c + 1].key].reduce if c + 1 < n and runs[copies[c + 1].key] > 1 else 0
+            _add(kinds, {K.GATHERED_PARAMS: unit_gathered(c), K.ALL_GATHER: before if reshard else 0,
+                         K.SHARDED_GRADS: shards_after, K.REDUCE_SCATTER: done, K.GRADIENTS: grads_after})
+            if runs[g.key] > 1:
+                shards_after += r.grad_shard
+            else:  # the root's gradients wait for its reduce-scatter at the backward's end
+                grads_after += s.param_grads
         else:
             _add(kinds, {K.GRADIENTS: grads_after})
             grads_after += s.param_grads

@@ -84,7 +84,8 @@ def solve_step_files(cfg: Config, out: Path, written: list[Path]) -> None:
         shown = Workload(step.graphs[0].problem, "", graph_request(cfg).profile, graph_request(cfg), inputs=inputs)
         doc = step_document(step, solved.plans, work.values, solved.peak, solved.cost,
                             {**made_for(cfg, shown), "per_layer": cfg.spec.capture.per_layer,
-                             "apply": apply_step_hint(cfg, path), "versions": versions()},
+                             "apply": "; ".join(filter(None, (work.needs, apply_step_hint(cfg, path)))),
+                             "versions": versions()},
                             entry_extra=details, budget_spec=spec.raw, device_memory=spec.device,
                             peak_budget=spec.peak, training=None if setup is None else vars(setup),
                             solve_time_s=time.perf_counter() - start)
