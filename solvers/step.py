@@ -251,6 +251,24 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
     if sharded:  # FSDP2's root unit: every graph run once, gathered all step, reduce-scattered at its end
         _add(constant, {K.GATHERED_PARAMS: sum(ranks[k].gathered for k in runs if runs[k] == 1)})
 
+    def latest_all_gather(c: int, forward: bool) -> int:
+        """The all-gather output held while copy ``c`` runs: a layer unit's own (with prefetch in
+        the forward the next layer's, in the backward the previous one's); a root copy's, the
+        nearest layer's (the root is gathered before the layers, its output held until the next)."""
+        k = copies[c].key
+        if runs[k] > 1:
+            j = c + 1 if forward else c - 1
+            near = prefetch and 0 <= j < n and runs[copies[j].key] > 1
+            return ranks[copies[j].key].all_gather if near else ranks[k].all_gather
+        order = range(c - 1, -1, -1) if forward else range(c + 1, n)
+        layer = next((j for j in order if runs[copies[j].key] > 1), None)
+        if layer is None:
+            order = range(c + 1, n) if forward else range(c - 1, -1, -1)
+            layer = next((j for j in order if runs[copies[j].key] > 1), None)
+            if forward and layer is not None:  # before the first layer: the root's own gather
+                return sum(ranks[x].all_gather for x in runs if runs[x] == 1)
+        return ranks[copies[layer].key].all_gather if layer is not None else ranks[k].all_gather
+
     def unit_gathered(c: int) -> int:  # the running layer unit's (all forwarded ones without resharding)
         if reshard:
             return ranks[copies[c].key].gathered if runs[copies[c].key] > 1 else 0
@@ -281,8 +299,7 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
         _add(kinds, {K.ACTIVATIONS: held_before + shared(c)})
         _add(kinds, s.forward)
         if sharded:
-            nxt = ranks[copies[c + 1].key].all_gather if prefetch and c + 1 < n else r.all_gather
-            _add(kinds, {K.GATHERED_PARAMS: unit_gathered(c), K.ALL_GATHER: nxt})
+            _add(kinds, {K.GATHERED_PARAMS: unit_gathered(c), K.ALL_GATHER: latest_all_gather(c, True)})
         best = _higher(best, kinds, f"{label[c]} forward")
         held_before += s.held
     grads_after = 0
@@ -295,7 +312,7 @@ def stats_peak(step: Step, stats: Mapping[str, GraphStats], ranks: Mapping[str, 
         _add(kinds, {K.ACTIVATIONS: held_before})
         _add(kinds, s.backward)
         if sharded:
-            before = ranks[copies[c - 1].key].all_gather if prefetch and c > 0 else r.all_gather
+            before = latest_all_gather(c, False)
             done = ranks[copies[c + 1].key].reduce if c + 1 < n and runs[copies[c + 1].key] > 1 else 0
             _add(kinds, {K.GATHERED_PARAMS: unit_gathered(c), K.ALL_GATHER: before if reshard else 0,
                          K.SHARDED_GRADS: shards_after, K.REDUCE_SCATTER: done, K.GRADIENTS: grads_after})
