@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LLAMA = dict(num_hidden_layers=4, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, attn_implementation="sdpa")
@@ -108,6 +109,31 @@ def train_measured(batch: int, seq: int, plan_path: Path | None, steps: int = 3)
             "plans_applied": applied, "partitions": partitions}
 
 
+def fsdp_against_tracker(reshard: bool) -> tuple[dict[Any, int], dict[Any, int]]:
+    """The cross-check's step (``bench_rank_memory``: FSDP2 over 8 fake ranks, bf16 compute, fp32
+    states) captured per layer, every part under eager's plan: (predicted, tracked) by kind, with
+    "total" and (predicted) "at"."""
+    import torch
+
+    import bench_rank_memory as rank
+    from opt_remat.hf import causal_lm
+    from opt_remat.request import make_request
+    from opt_remat.step_capture import build_step, capture_step
+    from solvers.step import step_peak
+    from solvers.step_parts import eager_saved
+
+    ids = torch.randint(0, rank.LLAMA["vocab_size"], (rank.BATCH, rank.SEQ))
+    captured = capture_step(lambda: causal_lm("LlamaForCausalLM", rank.LLAMA), [ids], per_layer=PATH,
+                            decompositions="none", meta=True, dtype=torch.bfloat16)
+    step = build_step(captured, make_request()).step
+    plans = {g.key: g.fixed if g.fixed is not None else eager_saved(g.problem) for g in step.graphs}
+    peak = step_peak(step, plans, rank.setup(reshard))
+    predicted: dict[Any, int] = dict(peak.by_kind)
+    predicted["total"] = peak.total
+    predicted["at"] = peak.at  # type: ignore[assignment]
+    return predicted, rank.tracker(reshard)
+
+
 def row(batch: int, seq: int, where: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = Path(tmp) / "step-plan.json"
@@ -122,8 +148,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--where", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    ap.add_argument("--fsdp", action="store_true", help="eager plans under FSDP against FSDPMemTracker instead")
     args = ap.parse_args()
     mib = 2 ** 20
+    if args.fsdp:
+        for reshard in (True, False):
+            predicted, tracked = fsdp_against_tracker(reshard)
+            print(f"reshard {reshard}: predicted {predicted['total'] / mib:.2f} MiB at {predicted['at']}, tracked "
+                  f"{tracked['total'] / mib:.2f} MiB ({predicted['total'] / tracked['total'] - 1:+.2%})")
+        return
     print(f"batch {args.batch} x {args.seq}; MiB")
     print("| budget | predicted | measured | error | peak at | layer plan (saved / recomputed) | recompute |")
     print("|---|---|---|---|---|---|---|")

@@ -130,3 +130,16 @@ solvers: [default]
     assert re.search(r"budget device 100KiB: no plans for the step's graphs fit the budget of 100\.00 KiB; the "
                      r"lowest step peak found is .* at .*sharded parameters", err), err
     assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reshard", [True, False])
+def test_the_step_under_fsdp_against_fsdp_mem_tracker(reshard):
+    import bench_step
+
+    from solvers.memory_kinds import MemoryKind as K
+
+    predicted, tracked = bench_step.fsdp_against_tracker(reshard)
+    for kind in (K.SHARDED_PARAMS, K.GATHERED_PARAMS, K.SHARDED_GRADS, K.OPTIMIZER):
+        assert predicted.get(kind, 0) == pytest.approx(tracked[kind], rel=0.02), kind
+    assert predicted["total"] == pytest.approx(tracked["total"], rel=0.02)
