@@ -148,6 +148,7 @@ def _solve(args: argparse.Namespace) -> int:
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.plan_files import apply_hint
     from .runs.solve_files import solve_to_files
+    from .runs.step_files import is_step_budget, solve_step_files, step_of_works
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
@@ -179,7 +180,6 @@ def _solve(args: argparse.Namespace) -> int:
     budgets = cfg.budgets
     written: list[Path] = []
     if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
-        from .runs.step_files import solve_step_files
         try:
             solve_step_files(cfg, out, written)
         except SolveRefused as exc:
@@ -188,6 +188,9 @@ def _solve(args: argparse.Namespace) -> int:
     print(f"capturing {cfg.name} ...", flush=True)
     works = materialize_all(cfg)
     try:
+        if len(works) > 1 and all(map(is_step_budget, budgets)):  # graph breaks: one budget for the step
+            solve_step_files(cfg, out, written, step_of_works(works), works[0].inputs)
+            return 0
         solve_to_files(cfg, works, name, args.solver, options, out, written)
     except SolveRefused as exc:
         raise UsageError(str(exc)) from None

@@ -1,16 +1,18 @@
-"""``opt-remat solve`` for a step captured per layer (``capture: {per_layer: model.layers}``): the
-step's graphs (the root's parts, the layer graph once per layer) planned together under each peak
-or device budget (``solvers.step_solve``), one plan file per budget holding a plan per distinct
-graph and the step's peak by kind (``opt_remat.formats.step_plan``)."""
+"""``opt-remat solve`` for a step of several graphs, captured per layer (``capture: {per_layer:
+model.layers}``: the root's parts, the layer graph once per layer) or with graph breaks (under peak
+or device budgets): the step's graphs planned together under each budget (``solvers.step_solve``),
+one plan file per budget holding a plan per distinct graph and the step's peak by kind
+(``opt_remat.formats.step_plan``)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from solvers.budget import format_bytes
+from solvers.step import Step, StepGraph
 from solvers.step_solve import StepBudgetError, solve_step
 from solvers.training import TrainingSetup
 
@@ -19,7 +21,7 @@ from ..plans import versions
 from ..request import ONE_DEVICE
 from .config import BudgetSpec, Config
 from .loop import tightest_first
-from .plan_files import made_for, node_details
+from .plan_files import apply_hint, made_for, node_details
 from .solve_files import safe_label
 from .util import SolveRefused, first_line, jsonable, quiet_torch, write_atomic
 from .workload import Workload, graph_request, make_inputs
@@ -57,17 +59,38 @@ def _budget(cfg: Config, spec: BudgetSpec) -> tuple[int, TrainingSetup | None]:
     """The step's budget in bytes and the set-up its states are counted under."""
     if spec.device is not None:
         return spec.device, graph_request(cfg).training or ONE_DEVICE
-    if spec.peak is not None and spec.saved_raw is None and spec.count_gradients:
+    if spec.peak is not None and is_step_budget(spec):
         return spec.peak, None
     raise cfg.error(("budgets", spec.index), f"budget {spec.label}: a step captured per layer is planned under "
                                              "a device budget ({device: 80GiB}) or a peak budget ({peak: 2GiB}) "
                                              "alone")
 
 
-def solve_step_files(cfg: Config, out: Path, written: list[Path]) -> None:
-    """A plan file per budget of ``cfg`` (``out``, or ``OUT-LABEL`` with several)."""
-    print(f"capturing {cfg.name} per layer ({cfg.spec.capture.per_layer}) ...", flush=True)
-    work, inputs = materialize_step(cfg)
+def is_step_budget(spec: BudgetSpec) -> bool:
+    """A budget the step's graphs share: a device's, or a peak alone."""
+    return spec.device is not None or (spec.peak is not None and spec.saved_raw is None and spec.count_gradients)
+
+
+def step_of_works(works: Sequence[Workload]) -> Any:
+    """The graphs of a step with graph breaks (in compilation order: the forward's) as a step, each
+    graph planned freely; a graph compiled again in a row (same canonical id) counted again."""
+    from ..step_capture import StepWork
+
+    graphs: list[StepGraph] = []
+    for w in works:
+        if graphs and graphs[-1].key == w.graph_id:
+            graphs[-1] = StepGraph(w.graph_id, w.problem, graphs[-1].repeat + 1)
+        else:
+            graphs.append(StepGraph(w.graph_id, w.problem, 1))
+    return StepWork(Step(tuple(graphs)), values={w.graph_id: w.values for w in works})
+
+
+def solve_step_files(cfg: Config, out: Path, written: list[Path], work: Any = None, inputs: tuple = ()) -> None:
+    """A plan file per budget of ``cfg`` (``out``, or ``OUT-LABEL`` with several), for the step
+    captured per layer (``work`` None) or the graphs of a step with graph breaks (``work``)."""
+    if work is None:
+        print(f"capturing {cfg.name} per layer ({cfg.spec.capture.per_layer}) ...", flush=True)
+        work, inputs = materialize_step(cfg)
     step = work.step
     print("step: " + ", ".join(f"{g.key} x{g.repeat} ({len(g.problem.nodes)} values"
                                + (", eager's plan kept" if g.fixed is not None else "") + ")"
@@ -84,7 +107,9 @@ def solve_step_files(cfg: Config, out: Path, written: list[Path]) -> None:
         shown = Workload(step.graphs[0].problem, "", graph_request(cfg).profile, graph_request(cfg), inputs=inputs)
         doc = step_document(step, solved.plans, work.values, solved.peak, solved.cost,
                             {**made_for(cfg, shown), "per_layer": cfg.spec.capture.per_layer,
-                             "apply": "; ".join(filter(None, (work.needs, apply_step_hint(cfg, path)))),
+                             "apply": "; ".join(filter(None, (work.needs, apply_step_hint(cfg, path)
+                                                              if cfg.spec.capture.per_layer else
+                                                              apply_hint(cfg, path)))),
                              "versions": versions()},
                             entry_extra=details, budget_spec=spec.raw, device_memory=spec.device,
                             peak_budget=spec.peak, training=None if setup is None else vars(setup),
