@@ -17,7 +17,7 @@ from .budget import format_bytes
 from .errors import InfeasibleError
 from .fast_peak import fast_peak_plan
 from .memory_kinds import MemoryKind as K
-from .mincut import lam_range, solve_mincut
+from .mincut import lam_range, mincut_under_budget, solve_mincut
 from .problem import Plan, Problem, Status, plan_from_saved
 from .step import GraphStats, Step, StepPeak, copy_rank, input_kinds, stats_peak, with_boundaries
 from .training import TrainingSetup
@@ -94,13 +94,20 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
             room = budget - stats_peak(step, {**stats, key: probe}, ranks, setup).total
             if room <= 0 or saved_cap < 0:
                 continue
+            found = []
             try:
-                plan = fast_peak_plan(graph, room, saved_cap)
+                found.append(fast_peak_plan(graph, room, saved_cap))
             except ValueError:  # InfeasibleError; a graph whose checkpoints cannot be found
-                continue
-            saved = plan.saved | tangents  # on the graph alone its incoming gradients are inputs it keeps
-            if saved not in out:
-                out[saved] = step.stats(key, saved)
+                pass
+            if graph is wide:  # where what the copies hold decides, the least recompute under the cap
+                try:
+                    found.append(mincut_under_budget(wide, saved_cap, iterations=12))
+                except ValueError:
+                    pass
+            for plan in found:
+                saved = plan.saved | tangents  # on the graph alone its incoming gradients are inputs it keeps
+                if saved not in out:
+                    out[saved] = step.stats(key, saved)
 
     caps = [int(held[0] + (held[-1] - held[0]) * i / max(CAPS - 1, 1)) for i in range(CAPS)] if held else []
     for cap in caps:
