@@ -162,6 +162,7 @@ def _solve(args: argparse.Namespace) -> int:
             raise UsageError(f"--budget {args.budget}: {exc.detail}") from None
         raise
     options: dict[str, Any] = {}
+    asked = args.solver
     name = args.solver or cfg.solvers[0].label  # default: the config's first solver
     args.solver = name
     for spec in cfg.solvers:  # a solver listed in the config brings its options
@@ -180,6 +181,9 @@ def _solve(args: argparse.Namespace) -> int:
     budgets = cfg.budgets
     written: list[Path] = []
     if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
+        if asked is not None:
+            print(f"note: --solver {asked} is not used: a step captured per layer is planned by the step "
+                  "solve (solvers.step_solve)", flush=True)
         try:
             solve_step_files(cfg, out, written)
         except SolveRefused as exc:
