@@ -193,6 +193,9 @@ def _solve(args: argparse.Namespace) -> int:
     works = materialize_all(cfg)
     try:
         if len(works) > 1 and all(map(is_step_budget, budgets)):  # graph breaks: one budget for the step
+            if asked is not None:
+                print(f"note: --solver {asked} is not used: the step's {len(works)} graphs share the budget and "
+                      "are planned by the step solve (solvers.step_solve)", flush=True)
             solve_step_files(cfg, out, written, step_of_works(works), works[0].inputs)
             return 0
         solve_to_files(cfg, works, name, args.solver, options, out, written)
