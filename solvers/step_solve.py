@@ -114,12 +114,12 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
         at_cap(cap)
     fitting = [(s.cost, s.held) for s in out.values()
                if stats_peak(step, {**stats, key: s}, ranks, setup).total <= budget]
-    if fitting and copies > 0 and len(caps) > 1:  # finer caps on either side of the cheapest that fits
-        best_held = min(fitting)[1]
-        step_bytes = (caps[1] - caps[0]) / (REFINE + 1)
-        for j in range(-REFINE, REFINE + 1):
-            if j:
-                at_cap(int(best_held + j * step_bytes))
+    if fitting and copies > 0 and len(caps) > 1:  # finer caps on either side of the cheapest that fits,
+        step_bytes = (caps[1] - caps[0]) / (REFINE + 1)  # and below the most held that fits
+        for centre in {min(fitting)[1], max(h for _, h in fitting)}:
+            for j in range(-REFINE, REFINE + 1):
+                if j:
+                    at_cap(int(centre + j * step_bytes))
     return list(out.values())
 
 
