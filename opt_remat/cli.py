@@ -148,6 +148,7 @@ def _solve(args: argparse.Namespace) -> int:
     from .runs import ConfigError, SolveRefused, load_config, materialize_all
     from .runs.plan_files import apply_hint
     from .runs.solve_files import solve_to_files
+    from .runs.step_files import is_step_budget, solve_step_files, step_of_works
 
     overrides = list(args.set or [])
     if args.budget is not None:  # the budget as YAML reads it, checked as the config's budgets are
@@ -161,6 +162,7 @@ def _solve(args: argparse.Namespace) -> int:
             raise UsageError(f"--budget {args.budget}: {exc.detail}") from None
         raise
     options: dict[str, Any] = {}
+    asked = args.solver
     name = args.solver or cfg.solvers[0].label  # default: the config's first solver
     args.solver = name
     for spec in cfg.solvers:  # a solver listed in the config brings its options
@@ -177,10 +179,25 @@ def _solve(args: argparse.Namespace) -> int:
     if not out.parent.exists():
         raise UsageError(f"-o: folder {out.parent} does not exist")
     budgets = cfg.budgets
+    written: list[Path] = []
+    if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
+        if asked is not None:
+            print(f"note: --solver {asked} is not used: a step captured per layer is planned by the step "
+                  "solve (solvers.step_solve)", flush=True)
+        try:
+            solve_step_files(cfg, out, written)
+        except SolveRefused as exc:
+            raise UsageError(str(exc)) from None
+        return 0
     print(f"capturing {cfg.name} ...", flush=True)
     works = materialize_all(cfg)
-    written: list[Path] = []
     try:
+        if len(works) > 1 and all(map(is_step_budget, budgets)):  # graph breaks: one budget for the step
+            if asked is not None:
+                print(f"note: --solver {asked} is not used: the step's {len(works)} graphs share the budget and "
+                      "are planned by the step solve (solvers.step_solve)", flush=True)
+            solve_step_files(cfg, out, written, step_of_works(works), works[0].inputs)
+            return 0
         solve_to_files(cfg, works, name, args.solver, options, out, written)
     except SolveRefused as exc:
         raise UsageError(str(exc)) from None
@@ -210,6 +227,10 @@ def _show(args: argparse.Namespace) -> int:
     print(f"plan file {args.plan}: {len(doc['graphs'])} graph(s)")
     for line in made_for_lines(doc.get("made_for") or {}):
         print("  " + line)
+    if doc.get("step"):
+        from .runs.show import step_lines
+        for line in step_lines(doc["step"]):
+            print("  " + line)
     for i, graph in enumerate(doc["graphs"]):
         print(f"\n== graph {i + 1} of {len(doc['graphs'])}" if len(doc["graphs"]) > 1 else "")
         show_graph(graph, args.names)

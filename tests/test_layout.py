@@ -23,9 +23,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("build", {"rng_replay", "graph_rules", "prepare", "tags", "torch_budget", "offload", "build"}),
     ("solve", {"options", "request", "plan_memory", "solve", "plans"}),
     ("lower", {"extract", "lower"}),
-    ("verify", {"memory", "torch_reference", "verify"}),
+    ("verify", {"memory", "torch_reference", "verify", "step_memory"}),
     ("report", {"report"}),
-    ("road", {"road"}),
+    ("road", {"road", "step_capture"}),
     ("entry", {"api", "cli", "cli_text", "runs", "__init__"}),
 ]
 

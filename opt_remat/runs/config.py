@@ -135,6 +135,9 @@ class CaptureSpec(_Section):
     decompositions: Literal["inductor", "none"] = "inductor"
     dtype: FloatDtype = "float32"
     meta: bool = False  # fake tensors: no weight or activation memory (big models, planning only)
+    # per-layer compile: each module of this module list compiled on its own, the rest eager;
+    # ``opt-remat solve`` plans the step's graphs together (``runs.step_files``)
+    per_layer: str | None = Field(default=None, min_length=1)
 
 
 class DeviceSpec(_Section):

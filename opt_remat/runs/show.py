@@ -36,6 +36,17 @@ def made_for_lines(made_for: dict[str, Any]) -> list[str]:
     return lines
 
 
+def step_lines(step: dict[str, Any]) -> list[str]:
+    """A step of several graphs (a plan file of ``capture.per_layer``): its graphs, peak and split."""
+    graphs = ", ".join(f"{g['graph_id']} x{g['repeat']}" + (" (eager's plan)" if g.get("kept") else "")
+                       for g in step.get("graphs", []))
+    budget = step.get("device_memory") or step.get("peak_budget")
+    return [f"step       : {graphs}",
+            f"step peak  : {format_bytes(step.get('peak_bytes'))} predicted at {step.get('peak_at')}"
+            + (f" (budget {format_bytes(budget)})" if budget else ""),
+            f"  by kind  : {kinds_text(step.get('peak_by_kind') or {})}"]
+
+
 def kinds_text(by_kind: dict[str, int]) -> str:
     """A peak's bytes by kind, largest first, in one unit: ``activations 40.1 GiB, ...``."""
     kinds = sorted(((v, k) for k, v in by_kind.items() if v), reverse=True)

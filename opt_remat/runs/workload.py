@@ -111,6 +111,9 @@ def make_inputs(cfg: Config, model: Any) -> tuple:
 
 def materialize(cfg: Config) -> Workload:
     """The one graph of the configured step (``opt-remat run`` solves a single graph)."""
+    if not cfg.is_graph and cfg.spec.capture.per_layer is not None:
+        raise cfg.error(("capture", "per_layer"), "opt-remat run solves one graph; a step captured per layer is "
+                                                  "planned by opt-remat solve")
     works = materialize_all(cfg)
     if len(works) != 1:
         raise cfg.error(("model", "factory"), f"the training step compiled to {len(works)} joint graphs "
