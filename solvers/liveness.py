@@ -233,6 +233,15 @@ class Simulator:
         fresh = len(self.size)
         return self.storage_names[b] if b < fresh else self.names[b - fresh]
 
+    # what the peaks of a simulator that counts more than the graph (``solvers.rank_memory.
+    # RankSimulator``) count besides it, for bounds that count the graph alone: whether the
+    # graph's gradients are freed before the end (FSDP's reduce-scatter), and the bytes held at
+    # every position whatever the plan (a peak budget less these is a bound on the graph's share)
+    frees_gradients = False
+
+    def floor_besides_graph(self) -> int:
+        return 0
+
     def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
         """The step's peak and the buffers live at it (a storage by its id, a buffer made in the
         backward by its value), without the curve: what the searches need. ``rank``: the peak
@@ -304,6 +313,17 @@ def without_gradients(problem: Problem) -> Problem:
     return replace(problem, storage_bytes={**problem.storage_bytes, **{g: 0 for g in grads}})
 
 
+def graph_share(problem: Problem) -> Problem:
+    """The problem as bounds that count the graph alone see it: itself, or where its simulator
+    counts more than the graph (``solvers.rank_memory.with_rank_memory``), a copy with the plain
+    simulator whose gradients cost nothing where that simulator frees them before the end."""
+    from dataclasses import replace
+    sim = simulator(problem)
+    if type(sim) is Simulator:
+        return problem
+    return without_gradients(problem) if sim.frees_gradients else replace(problem)
+
+
 def peak_lower_bound(problem: Problem) -> int:
     """Live bytes that every plan's step reaches at some point (in this execution model): a floor
     for the smallest peak, so that a peak found can be judged.
@@ -315,8 +335,12 @@ def peak_lower_bound(problem: Problem) -> int:
       plus at each step the storages the step reads from the forward side (they must be live, saved
       or recomputed) and the unavoidable saved values not yet read for the last time.
     Multi-output allocation and buffers shared in ways the simulation counts twice only make the
-    real peak higher, never lower.
+    real peak higher, never lower. A problem whose simulation counts the rank's memory: the
+    graph's floor (``graph_share``) and what the rank holds at every position.
     """
+    graph = graph_share(problem)
+    if graph is not problem:  # the rank's memory: what it holds at every position, and the graph's floor
+        return simulator(problem).floor_besides_graph() + peak_lower_bound(graph)
     by_name, size = problem.by_name, problem.storage_size
     forced = {by_name[v].storage_id for v in problem.backward_reads
               if by_name[v].role is not Role.INPUT and not problem.can_recompute(v)

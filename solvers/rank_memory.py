@@ -174,6 +174,12 @@ class RankModel:
                 kinds[K.REDUCE_SCATTER] = whole * s.bytes_of("reduce_dtype")
         return kinds
 
+    def floor(self) -> int:
+        """Bytes held at every position of the step whatever the plan: the constant kinds, and
+        under FSDP the root unit's gathered parameters."""
+        root = self.gathered[-1] if self.setup.sharded else 0
+        return sum(self.constant().values()) + root
+
     def _forward(self, order: Sequence[int]) -> Events:
         n = len(order)
         events: Events = [(k, 0, n, v) for k, v in self.constant().items()]
@@ -352,6 +358,13 @@ class RankSimulator(Simulator):
     def __init__(self, problem: Problem, setup: TrainingSetup) -> None:
         super().__init__(problem)
         self.model = RankModel(problem, setup, sim=self)
+
+    @property
+    def frees_gradients(self) -> bool:  # type: ignore[override]
+        return self.model.setup.sharded  # at each block's reduce-scatter
+
+    def floor_besides_graph(self) -> int:
+        return self.model.floor()
 
     def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
         return super().peak(saved, rank or self.model.hook)
