@@ -321,21 +321,12 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
     model = RankModel(problem, setup or TrainingSetup())
     graph: list[dict[K, int]] = []
     steps: list[tuple[str, int, int]] = []
-    grad_names: set[str] = set()
+    buffer_id = {name: b for b, name in enumerate(sim.buffer_names)}
 
     def split(live: Mapping[str, int]) -> None:
         if on_step is not None:
             on_step(live)
-        out = {K.ACTIVATIONS: 0, K.TEMPORARIES: 0, K.GRADIENTS: 0}
-        if not grad_names:  # the simulation's gradient buffers (a gradient may be a view of another buffer)
-            grad_names.update(sim.buffer_names[b] for b in sim.grad_buffers)
-        for name, nbytes in live.items():
-            v = sim.ids[name[3:]] if name.startswith("bw:") else sim.ids[name]
-            if name in grad_names:
-                out[K.GRADIENTS] += nbytes
-            else:
-                out[K.TEMPORARIES if sim.role[v] is Role.BACKWARD else K.ACTIVATIONS] += nbytes
-        graph.append(out)
+        graph.append(model.graph_kinds({buffer_id[name]: n for name, n in live.items()}, sim.grad_buffers))
 
     hook = model.hook if setup is not None else None
     top, grad_buffers = sim._simulate(saved, steps, split, hook)
