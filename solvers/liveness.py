@@ -16,7 +16,7 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .problem import Problem, Role
@@ -128,10 +128,9 @@ class Simulator:
              extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None,
              kept_if_read: set[int] | None = None) -> None:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
-        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the
-        graph at each position (counted in ``top`` and ``steps``); ``release``: kept
-        buffers freed after a position (FSDP's gradients at their reduce-scatter);
-        ``kept_if_read``: the buffers of ``live`` kept at the start, if ``order`` reads them."""
+        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the graph
+        at each position (counted in ``top`` and ``steps``); ``release``: kept buffers freed after a
+        position (FSDP's gradients); ``kept_if_read``: the buffers of ``live`` kept if read here."""
         sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
         # the buffer of each value run or read here (None: it has none here)
         get: Callable[[int], int | None] = sid.__getitem__ if buffer is None else buffer.get
@@ -163,8 +162,7 @@ class Simulator:
                 moved.setdefault(p, []).append(v)
         extracted = {w for ws in moved.values() for w in ws}
         total = sum(live.values())
-        # what is live at the peak is rebuilt once, at the end, from the changes logged since the
-        # start (a copy at every new peak made a steadily rising step quadratic)
+        # the live set at the peak: rebuilt once from the changes logged (not copied at each new peak)
         start, changes, peak_at = live.copy(), [], -1
         for i, v in enumerate(order):
             ws: Sequence[int] = moved.get(v, ())
@@ -233,10 +231,8 @@ class Simulator:
         fresh = len(self.size)
         return self.storage_names[b] if b < fresh else self.names[b - fresh]
 
-    # what the peaks of a simulator that counts more than the graph (``solvers.rank_memory.
-    # RankSimulator``) count besides it, for bounds that count the graph alone: whether the
-    # graph's gradients are freed before the end (FSDP's reduce-scatter), and the bytes held at
-    # every position whatever the plan (a peak budget less these is a bound on the graph's share)
+    # for bounds that count the graph alone (``graph_share``): whether the peaks free the graph's
+    # gradients early, and the bytes they count besides the graph at every position, whatever the plan
     frees_gradients = False
 
     def floor_besides_graph(self) -> int:
@@ -307,7 +303,6 @@ def without_gradients(problem: Problem) -> Problem:
     activations alone, when ``.grad`` buffers live between steps anyway (gradient accumulation, an
     optimizer that keeps them) and so are not the plan's to save. Saved bytes are unchanged: only
     storages that no forward-side value shares are zeroed."""
-    from dataclasses import replace
     forward_side = {n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
     grads = {problem.by_name[o].storage_id for o in problem.backward_outputs} - forward_side
     return replace(problem, storage_bytes={**problem.storage_bytes, **{g: 0 for g in grads}})
@@ -317,7 +312,6 @@ def graph_share(problem: Problem) -> Problem:
     """The problem as bounds that count the graph alone see it: itself, or where its simulator
     counts more than the graph (``solvers.rank_memory.with_rank_memory``), a copy with the plain
     simulator whose gradients cost nothing where that simulator frees them before the end."""
-    from dataclasses import replace
     sim = simulator(problem)
     if type(sim) is Simulator:
         return problem
