@@ -132,17 +132,17 @@ class Simulator:
         at each position (counted in ``top`` and ``steps``); ``release``: kept buffers freed after a
         position (FSDP's gradients); ``kept_if_read``: the buffers of ``live`` kept if read here."""
         sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
-        # the buffer of each value run or read here (None: it has none here)
-        get: Callable[[int], int | None] = sid.__getitem__ if buffer is None else buffer.get
-        buf: Callable[[int], int] = sid.__getitem__ if buffer is None else buffer.__getitem__
+        bl = sid if buffer is None else [-1] * len(sid)  # each value's buffer here (-1: none)
+        for v, b in (buffer or {}).items():
+            bl[v] = b
         last_use: dict[int, int] = {}
         for i, v in enumerate(order):
-            b = get(v)
-            if b is not None:
+            b = bl[v]
+            if b >= 0:
                 last_use[b] = i
             for u in inputs[v]:
-                b = get(u)
-                if b is not None:
+                b = bl[u]
+                if b >= 0:
                     last_use[b] = i
         if kept_if_read is not None:
             for b in [b for b in live if b not in kept_if_read or b not in last_use]:
@@ -158,7 +158,7 @@ class Simulator:
         moved: dict[int, list[int]] = {}  # an op run here -> the outputs extracted from it
         for v in order:
             p = alloc_by[v]
-            if p >= 0 and p in in_order and get(p) is not None:
+            if p >= 0 and p in in_order and bl[p] >= 0:
                 moved.setdefault(p, []).append(v)
         extracted = {w for ws in moved.values() for w in ws}
         total = sum(live.values())
@@ -169,7 +169,7 @@ class Simulator:
             if v not in extracted:
                 ws = (v, *ws) if ws else (v,)
             for w in ws:
-                b = buf(w)
+                b = bl[w]
                 g = sid[w]
                 if b not in live and counted[g]:
                     live[b] = size[g]
