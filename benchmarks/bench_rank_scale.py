@@ -2,11 +2,13 @@
 bf16, trained with FSDP (AdamW, bf16 compute, fp32 sharded states), planned against a device's
 memory with the rank's whole memory simulated (``solvers.rank_memory.with_rank_memory``).
 
-    python benchmarks/bench_rank_scale.py [--models 7b 70b] [--device 80GiB]
+    python benchmarks/bench_rank_scale.py [--models 7b 70b] [--device 80GiB] [--solvers default cpsat]
 
-Rows: the fast default's plan under the device budget and the cheapest checkpoint-every-k plan
-that fits in the same simulation (and the default path's min-cut, which does not fit), each with its whole-rank
-peak split by kind; then the states-only refusal where the ranks are too few.
+Rows: each solver's plan under the device budget, solved as ``opt-remat`` solves it after capture
+(``road.solve_problem``: the refusal check, then the peak solve on the rank's problem), with its
+wall and CPU seconds and, for the peak search, its proven gap; the cheapest checkpoint-every-k
+plan that fits in the same simulation (and the default path's min-cut, which does not fit), each
+with its whole-rank peak split by kind; then the states-only refusal where the ranks are too few.
 """
 
 from __future__ import annotations
@@ -16,19 +18,20 @@ import time
 
 import torch
 
+from opt_remat import road
 from opt_remat.api import auto_lam
 from opt_remat.build import problem_from_joint
 from opt_remat.capture import capture
 from opt_remat.costs import get_profile
+from opt_remat.errors import PeakBudgetError
 from opt_remat.hf import causal_lm
+from opt_remat.request import make_request
 from solvers.baselines import uniform_checkpoints
 from solvers.budget import parse_budget
 from solvers.device_budget import device_budget
 from solvers.errors import DeviceBudgetError
-from solvers.fast_peak import fast_peak_plan
 from solvers.mincut import solve_mincut
-from solvers.peak import PeakInfeasibleError
-from solvers.rank_memory import rank_peak, with_rank_memory
+from solvers.rank_memory import rank_peak
 from solvers.training import TrainingSetup
 
 GIB = 2**30
@@ -46,15 +49,28 @@ def _setup(ranks: int) -> TrainingSetup:
                          state_dtype="fp32", sharding="fsdp", ranks=ranks)
 
 
-def _row(name: str, problem, saved, setup: TrainingSetup, cost: float, seconds: float | None) -> str:
+def _row(name: str, problem, saved, setup: TrainingSetup, cost: float, seconds: str = "-") -> str:
     peak = rank_peak(problem, saved, setup)
     kinds = " ".join(f"{k.name.lower()}={v / GIB:.2f}" for k, v in peak.by_kind.items() if v)
-    t = f"{seconds:.1f} s" if seconds is not None else "-"
-    return (f"  {name:<22} peak {peak.total / GIB:7.2f} GiB  recompute {cost * 1e3:8.2f} ms  {t:>8}  "
+    return (f"  {name:<22} peak {peak.total / GIB:7.2f} GiB  recompute {cost * 1e3:8.2f} ms  {seconds:>22}  "
             f"at {peak.phase} {peak.at}\n      {kinds}")
 
 
-def run(model: str, device: int) -> None:
+def _solve(problem, solver: str | None, setup: TrainingSetup, device: int, time_limit_s: float) -> str:
+    """One solver's row: the plan the road finds under the device budget, timed from the problem."""
+    options = {} if solver is None else {"time_limit_s": time_limit_s}
+    request = make_request(solver, device_memory=device, training=setup, options=options)
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        plan = road.solve_problem(problem, request, None)
+    except PeakBudgetError as exc:
+        return f"  {solver or 'default'} refused: {exc}"
+    seconds = f"{time.perf_counter() - wall:.1f} s ({time.process_time() - cpu:.1f} s CPU)"
+    gap = "" if plan.gap is None else f", gap {plan.gap:.1%}"
+    return _row(f"{solver or 'default'}{gap}", problem, plan.saved, setup, plan.recompute_cost, seconds)
+
+
+def run(model: str, device: int, solvers: list[str], time_limit_s: float) -> None:
     config, batch, seq, ranks, refused = MODELS[model]
     config = {**config, "vocab_size": 32000, "max_position_embeddings": seq, "attn_implementation": "sdpa"}
     start = time.perf_counter()
@@ -67,21 +83,16 @@ def run(model: str, device: int) -> None:
     print(f" FSDP over {ranks} ranks:")
     budget = device_budget(problem, setup, device)
     print(f"  {budget.describe()}; conservative graph budget {budget.peak_budget / GIB:.2f} GiB")
-    on_rank = with_rank_memory(problem, setup)
     mincut = solve_mincut(problem, auto_lam(get_profile("h100")))  # the default path's min-cut
-    print(_row("min-cut (default path)", problem, mincut.saved, setup, mincut.recompute_cost, None))
-    start = time.perf_counter()
-    try:
-        plan = fast_peak_plan(on_rank, device)
-        print(_row("fast default", problem, plan.saved, setup, plan.recompute_cost, time.perf_counter() - start))
-    except PeakInfeasibleError as exc:
-        print(f"  fast default refused: {exc}")
+    print(_row("min-cut (default path)", problem, mincut.saved, setup, mincut.recompute_cost))
+    for solver in solvers:
+        print(_solve(problem, None if solver == "default" else solver, setup, device, time_limit_s))
     fitting = [p for p in uniform_checkpoints(problem, (1, 2, 4, 8))
                if rank_peak(problem, p.saved, setup).total <= device]
     if fitting:
         best = min(fitting, key=lambda p: p.recompute_cost)
         print(_row(f"checkpoint every {best.extra.get('every')}", problem, best.saved, setup,
-                   best.recompute_cost, None))
+                   best.recompute_cost))
     else:
         print("  no checkpoint-every-k plan fits")
     if refused:
@@ -96,10 +107,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["7b"], choices=sorted(MODELS))
     ap.add_argument("--device", default="80GiB")
+    ap.add_argument("--solvers", nargs="+", default=["default"], choices=["default", "cpsat"])
+    ap.add_argument("--time-limit", type=float, default=60.0, help="the peak search's, in seconds")
     args = ap.parse_args()
     device = parse_budget(args.device)
     for model in args.models:
-        run(model, int(device))
+        run(model, int(device), args.solvers, args.time_limit)
 
 
 if __name__ == "__main__":

@@ -53,9 +53,16 @@ class PartitionRecord:
     # first use, as reports and plan files need them and a partition does not
     canonical: tuple[list[dict[str, Any]], str] | Callable[[], tuple[list[dict[str, Any]], str]] = \
         field(default=([], ""), repr=False)
-    # under a device budget: the rank's peak under the plan, by kind, and the device's bytes
-    device_peak: RankPeak | None = None
+    # with a device budget or a training set-up: the set-up the rank's memory is counted under,
+    # and the device's bytes
+    setup: TrainingSetup | None = None
     device_memory: int | None = None
+
+    @functools.cached_property
+    def device_peak(self) -> RankPeak | None:
+        """The rank's peak under the plan, by kind (simulated on first use: a partition does not
+        need it)."""
+        return None if self.setup is None else rank_peak(self.problem, self.plan.saved, self.setup)
 
     def __repr__(self) -> str:
         plan = self.plan
@@ -190,11 +197,10 @@ class Partitioner:
             log.warning(note)
         solved = road.plan_for(prepared, self.request, requested, settings=self.settings, verbose=self.verbose)
         fw_module, bw_module = road.lower(prepared, solved.plan, self.request, joint_inputs)
-        setup = self.request.rank_setup
-        device_peak = None if setup is None else rank_peak(prepared.problem, solved.plan.saved, setup)
         self.history.append(PartitionRecord(prepared.problem, solved.plan, solved.budget_bytes, fw_module,
                                             bw_module, num_fwd_outputs, time.perf_counter() - start,
-                                            prepared.canonical_later(), device_peak, self.request.device_memory))
+                                            prepared.canonical_later(), self.request.rank_setup,
+                                            self.request.device_memory))
         return fw_module, bw_module
 
 

@@ -6,7 +6,7 @@ Nodes are classified as torch's partitioner does (``classify_nodes``); sizes com
 custom ops that are not pure functions (``_custom_op_ban``) and the ``recompute`` tags of
 selective activation checkpointing (their conflicts with bans are settled in ``tags``). Each value
 keeps the path of the module that made it, and the problem the class of every module on those
-paths (``module_stack``): its repeated blocks are read from them (``solvers.blocks``).
+paths (``_module_stacks``): its repeated blocks are read from them (``solvers.blocks``).
 """
 
 from __future__ import annotations
@@ -102,14 +102,6 @@ def _custom_op_ban(target: torch._ops.OpOverload, seeded: bool) -> str | None:
     return None  # effectful ones are banned by the side-effect check after this
 
 
-def module_stack(node: fx.Node) -> tuple[tuple[str, str], ...]:
-    """The modules a node was made in, outermost first, as (path, class): ``("model.layers.0",
-    "pkg.LlamaDecoderLayer")``. A backward node takes its forward node's stack. Entries that are
-    not submodules of the entry before them are left out: functions wrapped as modules (HF's
-    ``G['__import_...'].apply_rotary_pos_emb``) sit in the stack but own no weights or children."""
-    return _stack_of(_raw_stack(node))
-
-
 def _raw_stack(node: fx.Node) -> tuple[tuple[Any, Any], ...]:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
     return tuple(stack.values())
@@ -130,8 +122,12 @@ def _stack_of(raw_stack: tuple[tuple[Any, Any], ...]) -> tuple[tuple[str, str], 
 
 
 def _module_stacks() -> Callable[[fx.Node], tuple[tuple[str, str], ...]]:
-    """``module_stack``, worked out once per distinct stack within one build: thousands of nodes
-    share a few hundred stacks, and cleaning the dynamo source names takes regexes."""
+    """A node's module stack: the modules it was made in, outermost first, as (path, class):
+    ``("model.layers.0", "pkg.LlamaDecoderLayer")``; a backward node takes its forward node's.
+    Entries that are not submodules of the entry before them are left out: functions wrapped as
+    modules (HF's ``G['__import_...'].apply_rotary_pos_emb``) sit in the stack but own no weights
+    or children. Worked out once per distinct stack within one build: thousands of nodes share a
+    few hundred stacks, and cleaning the dynamo source names takes regexes."""
     memo: dict[tuple[tuple[Any, Any], ...], tuple[tuple[str, str], ...]] = {}
 
     def stack_of(node: fx.Node) -> tuple[tuple[str, str], ...]:

@@ -63,12 +63,6 @@ class SolveRequest:
     host_memory: int | None = None  # host bytes offloaded values may use; None: no cap
     offload_min_bytes: int = 1 << 20  # smaller values are never offloaded
 
-    @property
-    def offload_setting(self) -> bool | dict[str, Any]:
-        """``offload=`` as ``make_request`` takes it, to make another request with the same."""
-        if not self.offload:
-            return False
-        return {"host_memory": self.host_memory, "min_bytes": self.offload_min_bytes}
     device_memory: int | None = None  # bytes of the device: a peak budget on the rank's whole memory
     training: TrainingSetup | None = None  # how the step is trained (None: ONE_DEVICE under device_memory)
 
@@ -149,6 +143,17 @@ def make_request(solver: str | None = None, budget: int | float | str | None = N
     return SolveRequest(solver, budget, peak, count_gradients, opts, profile, costs, rng_replay,
                         count_input_bytes, plan_path, read_plan_file(plan_path) if plan_path is not None else None,
                         offload_on, host_memory, min_bytes, device_bytes, setup)
+
+
+def request_for(base: SolveRequest, solver: str | None = None, budget: int | float | str | None = None,
+                **settings: Any) -> SolveRequest:
+    """``base``'s graph-level settings (device, costs, rng_replay, count_input_bytes, offload,
+    training) with a solver, budget and ``settings`` (``make_request``'s other keywords), checked as
+    ``make_request`` checks them: how a run's checks and its pairs extend the run's request."""
+    offload = {"host_memory": base.host_memory, "min_bytes": base.offload_min_bytes} if base.offload else False
+    return make_request(solver, budget, device=base.profile, costs=base.costs, rng_replay=base.rng_replay,
+                        count_input_bytes=base.count_input_bytes, offload=offload, training=base.training,
+                        **settings)
 
 
 def _device_and_training(device_memory: int | str | None, training: Mapping[str, Any] | TrainingSetup | None

@@ -17,7 +17,6 @@ from solvers.options import DefaultOptions, MilpOptions
 from solvers.peak import PeakInfeasibleError
 
 from .errors import BudgetError, PeakBudgetError, SolveInterrupted
-from .options import default_solver_options
 from .plan_memory import GraphKey, as_solution, cheaper_remembered, recall, remember
 
 
@@ -110,12 +109,10 @@ def resolve_budget(problem: Problem, budget: int | float | str | None,
 
 def choose_plan(problem: Problem, solver: str, budget: int | None, options: dict[str, Any] | None = None) -> Plan:
     """Solve and verify. Solver failures fall back to the min-cut plan with a warning; a budget
-    that no plan meets raises BudgetError naming the smallest feasible saved bytes."""
+    that no plan meets raises BudgetError naming the smallest feasible saved bytes. The default
+    path (no solver named) is ``choose_default_plan``."""
     options = dict(options or {})
     mode = catalog.FREE if budget is None else catalog.SAVED
-    if catalog.info(solver).name == catalog.DEFAULT:  # e.g. a run configuration's ``default`` entry
-        split = default_solver_options(options, mode)
-        return choose_default_plan(problem, budget, split["mincut"], split["milp"])
     typed = typed_options(solver, options, mode)
     interrupt.clear()
     try:

@@ -50,10 +50,11 @@ class DeviceBudget:
         return f"{format_bytes(sum(self.states.values()))} of states ({kinds})"
 
 
-def rank_states(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
+def rank_states(problem: Problem, setup: TrainingSetup, model: RankModel | None = None) -> dict[K, int]:
     """What the rank holds at the end of the backward whatever the plan: its parameters (sharded
-    under FSDP), their gradient shards (FSDP) and the optimizer state; DDP's buckets."""
-    model = RankModel(problem, setup)
+    under FSDP), their gradient shards (FSDP) and the optimizer state; DDP's buckets. ``model``:
+    the problem's ``RankModel`` under ``setup``, if the caller has it."""
+    model = model or RankModel(problem, setup)
     out = {K.SHARDED_PARAMS: model.sharded_params, K.OPTIMIZER: model.optimizer}
     if setup.sharded:
         out[K.SHARDED_GRADS] = sum(model.grad_shard)
@@ -62,15 +63,15 @@ def rank_states(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
     return out
 
 
-def resident_bound(problem: Problem, setup: TrainingSetup) -> dict[K, int]:
+def resident_bound(problem: Problem, setup: TrainingSetup, model: RankModel | None = None) -> dict[K, int]:
     """The most the rank holds besides the graph at any position, under any plan: the states,
     and under FSDP the root and two blocks gathered (a recomputation may reach into the block
     before), every block without resharding, the largest all-gather and reduce-scatter buffers,
     and the graph's gradients of the root and of two blocks (the rest are reduce-scattered)."""
-    out = rank_states(problem, setup)
+    model = model or RankModel(problem, setup)
+    out = rank_states(problem, setup, model)
     if not setup.sharded:
         return out
-    model = RankModel(problem, setup)
     blocks = model.gathered[:-1]
     root = model.gathered[-1]
     if setup.reshard_after_forward:
@@ -111,8 +112,9 @@ def device_budget(problem: Problem, setup: TrainingSetup, device_bytes: int) -> 
         raise DeviceBudgetError(f"device memory must be > 0 bytes, got {device_bytes}")
     # under FSDP the graph's gradients do not live to the end: the floor leaves them out
     floor = peak_lower_bound(without_gradients(problem) if setup.sharded else problem)
-    states = rank_states(problem, setup)
-    found = DeviceBudget(device_bytes, states, resident_bound(problem, setup), floor,
+    model = RankModel(problem, setup)
+    states = rank_states(problem, setup, model)
+    found = DeviceBudget(device_bytes, states, resident_bound(problem, setup, model), floor,
                          count_gradients=not setup.sharded)
     if sum(states.values()) + floor > device_bytes:
         fix = _what_fits(problem, setup, device_bytes, floor)

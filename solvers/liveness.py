@@ -16,7 +16,7 @@ Execution model (what ``opt_remat.lower`` produces and torch's FX code runs):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .problem import Problem, Role
@@ -52,11 +52,12 @@ class MemoryCurve:
 
 
 def just_in_time(groups: Iterable[Iterable[T]], inputs_of: Callable[[T], Iterable[T]], done: set[T],
-                 position: Callable[[T], int]) -> list[T]:
+                 position: Callable[[T], int] | None) -> list[T]:
     """The backward's order, recomputation just in time: each group in turn (a backward value, or
     the values a graph returns), preceded by what it needs that is not ``done`` yet, in
-    ``position`` order. ``done`` grows with what is placed. The simulation and the lowering
-    (``opt_remat.extract``, autograd's order of the backward graph) both order by this."""
+    ``position`` order (None: the values' own). ``done`` grows with what is placed. The simulation
+    and the lowering (``opt_remat.extract``, autograd's order of the backward graph) both order by
+    this."""
     order: list[T] = []
     for roots in groups:
         found: set[T] = set()
@@ -68,7 +69,10 @@ def just_in_time(groups: Iterable[Iterable[T]], inputs_of: Callable[[T], Iterabl
             found.add(v)
             stack.extend(inputs_of(v))
         done.update(found)
-        order.extend(sorted(found, key=position))
+        if len(found) > 1:
+            order.extend(sorted(found) if position is None else sorted(found, key=position))  # type: ignore[type-var]
+        else:
+            order.extend(found)
     return order
 
 
@@ -104,7 +108,7 @@ class Simulator:
     def backward_order(self, saved_ids: set[int]) -> list[int]:
         inputs = self.inputs
         return just_in_time(([b] for b in self.backward_nodes), inputs.__getitem__,
-                            saved_ids | set(self.input_nodes), int)
+                            saved_ids | set(self.input_nodes), None)
 
     def _forward_order(self, saved_ids: set[int]) -> list[int]:
         inputs, role = self.inputs, self.role
@@ -121,21 +125,28 @@ class Simulator:
     def _run(self, order: list[int], buffer: dict[int, int] | None, live: dict[int, int],
              keep: set[int], top: list[Any], steps: list[Any] | None, phase: str,
              on_step: Callable[[Mapping[str, int]], None] | None = None,
-             extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None) -> None:
+             extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None,
+             kept_if_read: set[int] | None = None) -> None:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
-        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the
-        graph at each position (counted in ``top`` and ``steps``); ``release``: kept
-        buffers freed after a position (FSDP's gradients at their reduce-scatter)."""
+        what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the graph
+        at each position (counted in ``top`` and ``steps``); ``release``: kept buffers freed after a
+        position (FSDP's gradients); ``kept_if_read``: the buffers of ``live`` kept if read here."""
         sid, inputs, counted, size, alloc_by = self.sid, self.inputs, self.counted, self.size, self.alloc_by
-        buf = sid.__getitem__ if buffer is None else buffer.__getitem__
-        has = (lambda v: True) if buffer is None else buffer.__contains__
+        bl = sid if buffer is None else [-1] * len(sid)  # each value's buffer here (-1: none)
+        for v, b in (buffer or {}).items():
+            bl[v] = b
         last_use: dict[int, int] = {}
         for i, v in enumerate(order):
-            if has(v):
-                last_use[buf(v)] = i
+            b = bl[v]
+            if b >= 0:
+                last_use[b] = i
             for u in inputs[v]:
-                if has(u):
-                    last_use[buf(u)] = i
+                b = bl[u]
+                if b >= 0:
+                    last_use[b] = i
+        if kept_if_read is not None:
+            for b in [b for b in live if b not in kept_if_read or b not in last_use]:
+                del live[b]
         frees: dict[int, list[int]] = {}
         for b, i in last_use.items():
             if b not in keep:
@@ -144,19 +155,26 @@ class Simulator:
             frees.setdefault(i, []).extend(bs)
         in_order = set(order)
         # the outputs of a multi-output op exist from its call on, not from their extraction
-        allocates: dict[int, list[int]] = {}
+        moved: dict[int, list[int]] = {}  # an op run here -> the outputs extracted from it
         for v in order:
             p = alloc_by[v]
-            key = p if p >= 0 and has(p) and p in in_order else v
-            allocates.setdefault(key, []).append(v)
+            if p >= 0 and p in in_order and bl[p] >= 0:
+                moved.setdefault(p, []).append(v)
+        extracted = {w for ws in moved.values() for w in ws}
         total = sum(live.values())
+        # the live set at the peak: rebuilt once from the changes logged (not copied at each new peak)
+        start, changes, peak_at = live.copy(), [], -1
         for i, v in enumerate(order):
-            for w in allocates.get(v, ()):
-                b = buf(w)
+            ws: Sequence[int] = moved.get(v, ())
+            if v not in extracted:
+                ws = (v, *ws) if ws else (v,)
+            for w in ws:
+                b = bl[w]
                 g = sid[w]
                 if b not in live and counted[g]:
                     live[b] = size[g]
                     total += size[g]
+                    changes.append((i, b, size[g]))
             here = total if extra is None else total + extra[i]
             if steps is not None:
                 steps.append((phase, v, here))
@@ -164,9 +182,13 @@ class Simulator:
                 names = self.buffer_names
                 on_step(dict(zip(map(names.__getitem__, live), live.values())))
             if here > top[0]:
-                top[:] = [here, phase, v, i, live.copy()]
+                top[:4], peak_at = [here, phase, v, i], i
             for dead in frees.get(i, ()):
-                total -= live.pop(dead, 0)
+                if dead in live:
+                    total -= live.pop(dead)
+                    changes.append((i, dead, -1))
+        if peak_at >= 0:
+            top[4] = _replayed(start, changes, peak_at)
 
     def _simulate(self, saved: Iterable[str], steps: list[Any] | None,
                   on_step: Callable[[Mapping[str, int]], None] | None = None,
@@ -187,34 +209,34 @@ class Simulator:
             if not self.counted[g]:
                 bw[v] = g
                 continue
-            base = next((i for i in inputs[v] if sid[i] == g and i in bw), None)
-            bw[v] = bw[base] if base is not None and self.is_view[v] else fresh + v
+            base = next((i for i in inputs[v] if sid[i] == g and i in bw), None) if self.is_view[v] else None
+            bw[v] = fresh + v if base is None else bw[base]
         grads = {bw[o] for o in self.grads if o in bw}
         self.grad_buffers = grads  # for ``on_step`` callers that split the live buffers by kind
         top: list[Any] = [-1, "", -1, -1, {}]
         live: dict[int, int] = {}
         saved_storages = {sid[v] for v in saved_ids}
-        rank_forward: tuple[Any, ...] = ()
-        rank_backward: tuple[Any, ...] = ()
+        fw_extra: Sequence[int] | None = None
+        bw_extra: Sequence[int] | None = None
+        release: Mapping[int, list[int]] | None = None
         if rank is not None:  # the rank's bytes per position, and when FSDP frees gradients
             fw_extra, bw_extra, release = rank(self, forward, backward, bw)
-            rank_forward, rank_backward = (fw_extra, None), (bw_extra, release)
-        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step,
-                  *rank_forward)
+        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step, fw_extra)
         # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
-        read = set()
-        for n in backward:
-            for v in (n, *inputs[n]):
-                if v in bw:
-                    read.add(bw[v])
-        for b in [b for b in live if b not in saved_storages or b not in read]:
-            live.pop(b)
-        self._run(backward, bw, live, grads, top, steps, "backward", on_step, *rank_backward)
+        self._run(backward, bw, live, grads, top, steps, "backward", on_step, bw_extra, release,
+                  kept_if_read=saved_storages)
         return top, grads
 
     def _name(self, b: int) -> str:
         fresh = len(self.size)
         return self.storage_names[b] if b < fresh else self.names[b - fresh]
+
+    # for bounds that count the graph alone (``graph_share``): whether the peaks free the graph's
+    # gradients early, and the bytes they count besides the graph at every position, whatever the plan
+    frees_gradients = False
+
+    def floor_besides_graph(self) -> int:
+        return 0
 
     def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
         """The step's peak and the buffers live at it (a storage by its id, a buffer made in the
@@ -236,6 +258,20 @@ class Simulator:
         at_peak = sum(n for b, n in live.items() if b in grads)
         return MemoryCurve(tuple((ph, names[v], n) for ph, v, n in steps), top[0], top[1],
                            names[top[2]], frozenset(self._name(b) for b in live), at_peak)
+
+
+def _replayed(start: dict[int, int], changes: Sequence[tuple[int, int, int]], at: int) -> dict[int, int]:
+    """The live buffers after the allocations of position ``at`` and before its frees: ``start``
+    with ``changes`` ((position, buffer, bytes); -1 bytes: freed) applied up to there."""
+    live = dict(start)
+    for i, b, nbytes in changes:
+        if i > at or (i == at and nbytes < 0):
+            break
+        if nbytes < 0:
+            del live[b]
+        else:
+            live[b] = nbytes
+    return live
 
 
 def simulator(problem: Problem) -> Simulator:
@@ -267,10 +303,19 @@ def without_gradients(problem: Problem) -> Problem:
     activations alone, when ``.grad`` buffers live between steps anyway (gradient accumulation, an
     optimizer that keeps them) and so are not the plan's to save. Saved bytes are unchanged: only
     storages that no forward-side value shares are zeroed."""
-    from dataclasses import replace
     forward_side = {n.storage_id for n in problem.nodes if n.role is not Role.BACKWARD}
     grads = {problem.by_name[o].storage_id for o in problem.backward_outputs} - forward_side
     return replace(problem, storage_bytes={**problem.storage_bytes, **{g: 0 for g in grads}})
+
+
+def graph_share(problem: Problem) -> Problem:
+    """The problem as bounds that count the graph alone see it: itself, or where its simulator
+    counts more than the graph (``solvers.rank_memory.with_rank_memory``), a copy with the plain
+    simulator whose gradients cost nothing where that simulator frees them before the end."""
+    sim = simulator(problem)
+    if type(sim) is Simulator:
+        return problem
+    return without_gradients(problem) if sim.frees_gradients else replace(problem)
 
 
 def peak_lower_bound(problem: Problem) -> int:
@@ -284,8 +329,12 @@ def peak_lower_bound(problem: Problem) -> int:
       plus at each step the storages the step reads from the forward side (they must be live, saved
       or recomputed) and the unavoidable saved values not yet read for the last time.
     Multi-output allocation and buffers shared in ways the simulation counts twice only make the
-    real peak higher, never lower.
+    real peak higher, never lower. A problem whose simulation counts the rank's memory: the
+    graph's floor (``graph_share``) and what the rank holds at every position.
     """
+    graph = graph_share(problem)
+    if graph is not problem:  # the rank's memory: what it holds at every position, and the graph's floor
+        return simulator(problem).floor_besides_graph() + peak_lower_bound(graph)
     by_name, size = problem.by_name, problem.storage_size
     forced = {by_name[v].storage_id for v in problem.backward_reads
               if by_name[v].role is not Role.INPUT and not problem.can_recompute(v)

@@ -62,16 +62,23 @@ def link_for(device: str, *, host_bytes: int | None = None, min_bytes: int = 1 <
     return HostLink(bw, bw, host_bytes, min_bytes)
 
 
+def alone_in_storage(problem: Problem, saved: Iterable[str]) -> frozenset[str]:
+    """The values of ``saved`` whose storage holds no other saved value: the only ones offload
+    can move (torch's async wait frees the whole storage)."""
+    saved = list(saved)
+    count: dict[str, int] = {}
+    for v in saved:
+        g = problem.by_name[v].storage_id
+        count[g] = count.get(g, 0) + 1
+    return frozenset(v for v in saved if count[problem.by_name[v].storage_id] == 1)
+
+
 def offload_errors(problem: Problem, plan: Plan, link: HostLink | None = None) -> list[str]:
     """Why ``plan.offloaded`` cannot be lowered (empty if it can): each value saved, offloadable
     (``Node.offload_ban``), alone in its storage among the saved values (torch's async wait frees
     the storage), and with ``link``, the host cap kept."""
     errors: list[str] = []
-    members: dict[str, int] = {}
-    for v in plan.saved:
-        if v in problem.by_name:
-            g = problem.by_name[v].storage_id
-            members[g] = members.get(g, 0) + 1
+    alone = alone_in_storage(problem, (v for v in plan.saved if v in problem.by_name))
     for v in sorted(plan.offloaded):
         node = problem.by_name.get(v)
         if node is None:
@@ -80,7 +87,7 @@ def offload_errors(problem: Problem, plan: Plan, link: HostLink | None = None) -
             errors.append(f"offloaded {v!r} is not saved")
         elif node.offload_ban or node.role not in (Role.FORWARD, Role.EITHER):
             errors.append(f"{v!r} cannot be offloaded: {node.offload_ban or 'not a forward value'}")
-        elif members[node.storage_id] > 1:
+        elif v not in alone:
             errors.append(f"{v!r} cannot be offloaded: its storage holds another saved value")
     if link is not None and link.host_bytes is not None and not errors:
         used = host_bytes(problem, plan.offloaded)

@@ -28,7 +28,7 @@ from .budget import format_bytes, format_seconds
 from .errors import InfeasibleError, PlanError
 from .liveness import MemoryCurve, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
-from .offload import HostLink, host_bytes, offload_candidates, offloaded_curve
+from .offload import HostLink, alone_in_storage, host_bytes, offload_candidates, offloaded_curve
 from .problem import Plan, Problem, Status, plan_from_saved
 
 LAM_STEPS = 10  # min-cut plans tried as starting points, geometric in lam over lam_range
@@ -90,11 +90,7 @@ class _Search:
     def effective(self, plan: Plan, offloaded: frozenset[str]) -> frozenset[str]:
         """What is offloaded: ``offloaded`` and the must values that the plan saves, each alone in
         its storage among the saved values (torch's async wait frees the storage)."""
-        by_name = self.problem.by_name
-        count: dict[str, int] = {}
-        for v in plan.saved:
-            count[by_name[v].storage_id] = count.get(by_name[v].storage_id, 0) + 1
-        return frozenset(v for v in (offloaded | self.must) & plan.saved if count[by_name[v].storage_id] == 1)
+        return (offloaded | self.must) & alone_in_storage(self.problem, plan.saved)
 
     def cost(self, plan: Plan, offloaded: frozenset[str]) -> OffloadCost | None:
         """The cost if the state is feasible (peak, host cap), else None."""

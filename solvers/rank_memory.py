@@ -174,6 +174,12 @@ class RankModel:
                 kinds[K.REDUCE_SCATTER] = whole * s.bytes_of("reduce_dtype")
         return kinds
 
+    def floor(self) -> int:
+        """Bytes held at every position of the step whatever the plan: the constant kinds, and
+        under FSDP the root unit's gathered parameters."""
+        root = self.gathered[-1] if self.setup.sharded else 0
+        return sum(self.constant().values()) + root
+
     def _forward(self, order: Sequence[int]) -> Events:
         n = len(order)
         events: Events = [(k, 0, n, v) for k, v in self.constant().items()]
@@ -315,21 +321,12 @@ def rank_curve(problem: Problem, saved: Iterable[str], setup: TrainingSetup | No
     model = RankModel(problem, setup or TrainingSetup())
     graph: list[dict[K, int]] = []
     steps: list[tuple[str, int, int]] = []
-    grad_names: set[str] = set()
+    buffer_id = {name: b for b, name in enumerate(sim.buffer_names)}
 
     def split(live: Mapping[str, int]) -> None:
         if on_step is not None:
             on_step(live)
-        out = {K.ACTIVATIONS: 0, K.TEMPORARIES: 0, K.GRADIENTS: 0}
-        if not grad_names:  # the simulation's gradient buffers (a gradient may be a view of another buffer)
-            grad_names.update(sim.buffer_names[b] for b in sim.grad_buffers)
-        for name, nbytes in live.items():
-            v = sim.ids[name[3:]] if name.startswith("bw:") else sim.ids[name]
-            if name in grad_names:
-                out[K.GRADIENTS] += nbytes
-            else:
-                out[K.TEMPORARIES if sim.role[v] is Role.BACKWARD else K.ACTIVATIONS] += nbytes
-        graph.append(out)
+        graph.append(model.graph_kinds({buffer_id[name]: n for name, n in live.items()}, sim.grad_buffers))
 
     hook = model.hook if setup is not None else None
     top, grad_buffers = sim._simulate(saved, steps, split, hook)
@@ -352,6 +349,13 @@ class RankSimulator(Simulator):
     def __init__(self, problem: Problem, setup: TrainingSetup) -> None:
         super().__init__(problem)
         self.model = RankModel(problem, setup, sim=self)
+
+    @property
+    def frees_gradients(self) -> bool:  # type: ignore[override]
+        return self.model.setup.sharded  # at each block's reduce-scatter
+
+    def floor_besides_graph(self) -> int:
+        return self.model.floor()
 
     def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
         return super().peak(saved, rank or self.model.hook)

@@ -281,3 +281,32 @@ def test_mlp_config_report_in_a_browser(tmp_path, browser):
     """The README's quickest run, as a user runs it: its report opens offline and draws everything."""
     assert main(["run", str(ROOT / "configs" / "mlp.yaml"), "--set", f"output.dir={tmp_path}"]) == 0
     check_page(browser, tmp_path / "report.html")
+
+
+def test_plans_that_save_the_same_but_offload_differently_keep_their_own_curves(tmp_path):
+    """The report shares one curve between plans that save the same values only when they also
+    offload the same: an offloaded plan's curve (values away, bytes in flight) is its own."""
+    import dataclasses
+
+    from support.random_problems import random_problem
+
+    from opt_remat.runs.curves import step_curve
+    from opt_remat.runs.html_data import report_data
+    from opt_remat.runs.offload_view import offload_figures, with_transfers
+    from opt_remat.runs.results import Record, ResultsFile
+    from opt_remat.runs.run_data import LoadedRun, PlanValues
+    from solvers.baselines import save_all
+    from solvers.offload import HostLink, offload_candidates
+
+    problem = random_problem(3)
+    plan = save_all(problem)
+    link = HostLink(1e3, 1e3, min_bytes=1)
+    away = next(v for v in offload_candidates(problem, link) if v in plan.saved)
+    offloaded = dataclasses.replace(plan, offloaded=frozenset({away}))
+    plain = step_curve(problem, plan.saved)
+    moved = with_transfers(plain, offload_figures(problem, offloaded, link, plain)[1])
+    assert moved.live["total"] != plain.live["total"]  # the offload shows on this problem
+    records = [Record("b", s, saved_bytes=plan.saved_bytes, curve=c) for s, c in (("a", plain), ("o", moved))]
+    plans = {("b", "a"): PlanValues.of(plan), ("b", "o"): PlanValues.of(offloaded)}
+    report = report_data(LoadedRun(tmp_path, ResultsFile("r", 3, {}, records), plans), problem)
+    assert [report.curves[v.curve].live for v in report.plans] == [plain.live, moved.live]

@@ -188,3 +188,31 @@ def test_a_peak_only_offload_meets_is_met_and_one_it_cannot_is_refused():
     assert plan.offloaded and curve.peak <= budget
     with pytest.raises(PeakBudgetError, match="with it no plan found fits either"):
         road.solve_problem(problem, make_request(peak_budget=1, device=DEVICE, offload=OFFLOAD), None)
+
+
+def test_a_solved_plan_file_shows_what_the_run_records_from_one_simulation(monkeypatch):
+    """``opt-remat solve``'s plan entry and a run's record read the same curve (the rank's memory
+    and the offload applied), and the entry simulates the plan once."""
+    from support.counting import count_simulations
+    from support.random_problems import random_problem
+
+    from opt_remat.formats.plan_file import values_of_problem
+    from opt_remat.runs.plan_files import plan_curve, plan_entry
+    from opt_remat.runs.workload import Workload
+    from solvers.baselines import save_all
+    from solvers.offload import HostLink, offload_candidates
+
+    problem = random_problem(3)
+    request = make_request(device=DEVICE, offload=OFFLOAD, training={"optimizer": "adamw"})
+    work = Workload(problem, "", request.profile, request, values=values_of_problem(problem))
+    plan = save_all(problem)
+    away = next(v for v in offload_candidates(problem, HostLink(1.0, 1.0, min_bytes=1)) if v in plan.saved)
+    plan = dataclasses.replace(plan, offloaded=frozenset({away}))
+    simulated = count_simulations(monkeypatch, ("opt_remat.runs", "solvers.offload"))
+    entry = plan_entry(work, plan, setup=request.training)
+    assert sum(simulated.values()) == 1
+    curve, figures = plan_curve(work, plan, request.training)
+    assert entry["offload"] == figures and figures["offloaded"] == 1
+    assert (entry["peak_bytes"], entry["peak_by_kind"]) == (curve.peak, curve.peak_by_kind())
+    on_device = plan_curve(work, dataclasses.replace(plan, offloaded=frozenset()), request.training)[0]
+    assert curve.live["total"] != on_device.live["total"]  # the value away shows

@@ -232,6 +232,11 @@ class BudgetSpec:
     def saved_raw(self) -> int | float | str | None:
         return self.raw.get("saved") if isinstance(self.raw, dict) else self.raw
 
+    @property
+    def peak_limit(self) -> int | None:
+        """The bytes a peak solve must fit: the peak budget's or the device's (None: no peak to fit)."""
+        return self.peak if self.peak is not None else self.device
+
 
 @dataclass
 class Config:

@@ -22,7 +22,7 @@ from solvers.budget import Fraction, parse_budget
 
 from ..options import describe
 from ..errors import RequestError
-from ..request import DEFAULT_SOLVER, make_request
+from ..request import DEFAULT_SOLVER, SolveRequest, make_request, request_for
 from .config import BUILTIN_FACTORIES, INT_DTYPES, Config, ConfigError, PeakBudget, RunSpec
 from .yaml_lines import apply_override, load_yaml, parse_override
 
@@ -174,9 +174,17 @@ def _check_budgets(cfg: Config) -> None:
             raise cfg.error(("budgets", i), f"budget {lab} is listed twice")
 
 
+def graph_request(cfg: Config) -> SolveRequest:
+    """The run's graph-level settings as a request: what every pair's request extends
+    (``request.request_for``)."""
+    spec = cfg.spec
+    return make_request(device=cfg.device, costs=spec.costs, rng_replay=spec.rng_replay,
+                        count_input_bytes=spec.count_input_bytes, offload=spec.offload, training=spec.training)
+
+
 def run_modes(cfg: Config) -> list[str]:
     """The solve modes of the config's budgets: saved bytes, peak, or both."""
-    kinds = {catalog.PEAK if b.peak is not None or b.device is not None else catalog.SAVED for b in cfg.budgets}
+    kinds = {catalog.SAVED if b.peak_limit is None else catalog.PEAK for b in cfg.budgets}
     return [m for m in catalog.MODES if m in kinds]
 
 
@@ -184,17 +192,18 @@ def _check_solvers(cfg: Config, modes: Collection[str]) -> None:
     """Each solver entry as the API checks a partitioner's settings (``make_request``), its
     options against the run's kinds of budget; the device and graph settings with them."""
     names = catalog.names()
-    spec = cfg.spec
-    for i, entry in enumerate(spec.solvers):
+    try:
+        base = graph_request(cfg)
+    except RequestError as exc:
+        raise cfg.error(("device",) if exc.field == "device" else tuple(exc.field.split(".")), str(exc)) from None
+    for i, entry in enumerate(cfg.spec.solvers):
         name = entry if isinstance(entry, str) else entry.name
         where = ("solvers", i) if isinstance(entry, str) else ("solvers", i, "name")
         if name not in names:
             raise cfg.error(where, f"unknown solver {name!r}; expected one of: {', '.join(names)}")
         options = {} if isinstance(entry, str) else dict(entry.model_extra or {})
         try:
-            make_request(None if name == DEFAULT_SOLVER else name, options=options, device=cfg.device,
-                         costs=spec.costs, rng_replay=spec.rng_replay, count_input_bytes=spec.count_input_bytes,
-                         offload=spec.offload, option_modes=modes)
+            request_for(base, None if name == DEFAULT_SOLVER else name, options=options, option_modes=modes)
         except RequestError as exc:
             key = exc.field.removeprefix("options.")
             path = {"device": ("device",), "solver": where}.get(exc.field, ("solvers", i, key) if

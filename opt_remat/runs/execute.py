@@ -27,7 +27,8 @@ from solvers import progress as solver_progress
 from .. import road
 from ..plan_memory import GraphKey, graph_key
 from ..errors import DeviceBudgetError, RequestError
-from ..request import DEFAULT_SOLVER, SolveRequest, make_request
+from ..options import mode_of, options_in_mode
+from ..request import DEFAULT_SOLVER, SolveRequest, request_for
 from ..solve import BudgetError, PeakBudgetError
 from .config import TORCH_SOLVER, BudgetSpec, SolverSpec
 from .util import RunError, SolveRefused, first_line, quiet_torch
@@ -79,24 +80,21 @@ def pair_request(work: Workload, solver: SolverSpec | str, budget: BudgetSpec | 
     solve under this kind of budget."""
     name = solver if isinstance(solver, str) else solver.name
     opts = dict(options if options is not None else ({} if isinstance(solver, str) else solver.options))
-    peak = None if budget is None else budget.peak
-    device = None if budget is None else budget.device
+    limit = None if budget is None else budget.peak_limit
     raw = None if budget is None else budget.saved_raw
-    mode = catalog.PEAK if peak is not None or device is not None else (catalog.FREE if raw is None else catalog.SAVED)
+    mode = mode_of(raw, limit)
     if name != TORCH_SOLVER and not catalog.info(name).supports(mode):
         return SolveResult(status="skipped", error=f"{name} cannot solve {catalog.MODE_WORDS[mode]} (solvers "
                                                    f"that can: {', '.join(catalog.supporting(mode))})")
-    if name == TORCH_SOLVER and (peak is not None or device is not None):
+    if name == TORCH_SOLVER and limit is not None:
         return SolveResult(status="skipped", error="torch's partitioner has no peak budget (its "
                                                    "activation_memory_budget bounds saved bytes)")
-    opts = {k: v for k, v in opts.items() if k not in catalog.not_applying(name, opts, mode)}
-    base = work.request
+    solver_name = None if name == DEFAULT_SOLVER else name
     try:
-        return make_request(None if name == DEFAULT_SOLVER else name, raw, peak_budget=peak,
-                            count_gradients=True if budget is None else budget.count_gradients, options=opts,
-                            device=base.profile, costs=base.costs, rng_replay=base.rng_replay,
-                            count_input_bytes=base.count_input_bytes, offload=base.offload_setting,
-                            device_memory=device, training=base.training)
+        return request_for(work.request, solver_name, raw, peak_budget=None if budget is None else budget.peak,
+                           count_gradients=True if budget is None else budget.count_gradients,
+                           options=options_in_mode(solver_name, opts, mode, warn=False),
+                           device_memory=None if budget is None else budget.device)
     except RequestError as exc:  # the config's checks refuse these first: a pair that slipped through
         return SolveResult(status="error", error=str(exc))
 
@@ -156,7 +154,7 @@ def _solve_here(work: Workload, pair: Pair) -> SolveResult:
 
 def memory_key(work: Workload, pair: Pair | None = None) -> GraphKey | None:
     """The key plans of this graph are remembered by, for a peak-budget pair (else None)."""
-    if pair is not None and pair.budget.peak is None and pair.budget.device is None:
+    if pair is not None and pair.budget.peak_limit is None:
         return None
     return graph_key(work.values, work.graph_id)
 

@@ -1,6 +1,6 @@
 """What a run's HTML report shows: the run (``run_data.LoadedRun``) and the problem it solved, as
 plain values. Each plan's curve is its record's (simulated once, by the run); plans that save the
-same values share one. Here: the value table the hovers index, and what each plan saves and
+same values (and offload the same) share one. Here: the value table the hovers index, and what each plan saves and
 recomputes by op and by module. ``html_page`` turns them into the page. No torch here.
 """
 
@@ -26,7 +26,7 @@ __all__ = ["TAGS", "TOP_LIVE", "Curve", "PlanView", "ReportError", "RunReport", 
 class PlanView:
     """A record that has a plan: the curve of its step and what it saves and recomputes."""
     record: Record
-    curve: int  # index into RunReport.curves (plans that save the same values share one)
+    curve: int  # index into RunReport.curves (plans that save and offload the same values share one)
     by_op: list[dict[str, Any]]
     by_module: list[dict[str, Any]]
 
@@ -47,12 +47,12 @@ def report_data(run: LoadedRun, problem: Problem) -> RunReport:
     """Everything the report shows, for ``run`` whose graph is ``problem``."""
     report = RunReport(title=run.title, header=run.header, records=run.records, hull=run.hull,
                        values=value_table(problem), missing=list(run.missing))
-    curve_of: dict[frozenset[str], int] = {}
+    curve_of: dict[tuple[frozenset[str], frozenset[str]], int] = {}
     for rec in run.records:
         values = run.plans.get(rec.key)
         if values is None or rec.curve is None or rec.saved_bytes is None:
             continue
-        key = frozenset(values.saved)
+        key = (frozenset(values.saved), frozenset(values.offloaded))  # offload changes the curve
         if key not in curve_of:
             curve_of[key] = len(report.curves)
             report.curves.append(rec.curve)

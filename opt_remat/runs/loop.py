@@ -14,13 +14,11 @@ from pathlib import Path
 
 from solvers.training import TrainingSetup
 
-from .. import road
 from ..request import ONE_DEVICE
 from .config import BudgetSpec, Config, SolverSpec
-from .curves import Curve, step_curve
+from .curves import Curve
 from .execute import Pair, SolveResult, solve_all
-from .offload_view import offload_figures, with_transfers
-from .plan_files import write_plan
+from .plan_files import plan_curve, write_plan
 from .progress import Display
 from .results import Record, ResultsStore, fingerprint
 from .run_data import PlanValues, read_run
@@ -86,7 +84,7 @@ def run(cfg: Config, *, jobs: int = 1, executor: str = "process", work: Workload
                 rec = make_record(cfg, work, pair.budget, pair.solver, pair.budget_bytes, result, curves)
                 records[rec.key] = rec
                 if result.plan is not None:
-                    plans[rec.key] = PlanValues(tuple(result.plan.saved), tuple(result.plan.recomputed))
+                    plans[rec.key] = PlanValues.of(result.plan)
                 store.write(list(records.values()))
                 display.finished(progress_line(done, len(pending), rec))
                 for warning in result.warnings:  # e.g. options of the run's other budgets, left out here
@@ -131,23 +129,15 @@ def make_record(cfg: Config, work: Workload, b: BudgetSpec, s: SolverSpec, budge
         return rec
     out_dir = cfg.output_dir
     plan_file = out_dir / "plans" / f"{safe_name(b.label)}__{safe_name(s.label)}.json"
-    key = frozenset(plan.saved)
-    curve = curves.get(key)
-    if curve is None:
-        curve = curves[key] = step_curve(work.problem, plan.saved, curve_setup(cfg, work))
+    curve, rec.offload = plan_curve(work, plan, curve_setup(cfg, work), curves)
     rec.status, rec.saved_bytes, rec.recompute_cost = plan.status.value, plan.saved_bytes, plan.recompute_cost
     rec.objective, rec.bound, rec.gap, rec.solve_time_s = plan.objective, plan.bound, plan.gap, plan.solve_time_s
     rec.n_saved, rec.n_recomputed, rec.message = len(plan.saved), len(plan.recomputed), plan.message
-    if work.request.offload or plan.offloaded:  # the model's figures; the curve with values away
-        rec.offload, timeline = offload_figures(work.problem, plan, road.offload_link(work.request), curve)
-        curve = with_transfers(curve, timeline)
     rec.curve, rec.peak_bytes, rec.peak_gradient_bytes = curve, curve.peak, curve.peak_gradients
-    rec.peak_by_kind = curve.peak_by_kind()
     rec.extra, rec.warnings = jsonable(dict(plan.extra or {})), list(result.warnings)
     rec.plan_file = str(plan_file.relative_to(out_dir))
-    write_plan(plan_file, cfg, [work], [plan], [(curve.peak, curve.peak_gradients)], budget_spec=b.raw,
-               peak_budget=b.peak, device_memory=b.device, peak_by_kind=rec.peak_by_kind,
-               offload=rec.offload or None)
+    write_plan(plan_file, cfg, [work], [plan], [(curve, rec.offload)], budget_spec=b.raw,
+               peak_budget=b.peak, device_memory=b.device)
 
     start = time.perf_counter()
     if cfg.measure_memory and work.prepared is not None:

@@ -15,23 +15,19 @@ from solvers.offload import HostLink, OffloadTimeline, offload_timeline
 from .curves import TOTAL, Curve
 
 # the figures a record (``Record.offload``), a plan file entry (``offload``) and the reports hold
-FIELDS = ("offloaded", "offloaded_bytes", "host_bytes", "exposed_transfer_s", "added_time_s")
+FIELDS = ("offloaded", "host_bytes", "exposed_transfer_s", "added_time_s")
 
 
-def offload_figures(problem: Problem, plan: Plan, link: HostLink, curve: Curve | None = None
+def offload_figures(problem: Problem, plan: Plan, link: HostLink, curve: Curve
                     ) -> tuple[dict[str, Any], OffloadTimeline]:
     """The model's figures of ``plan`` on ``link`` (``FIELDS``), and its timeline; ``curve``: the
     plan's step as the run simulated it (not simulated again)."""
-    memory = None
-    if curve is not None:  # the simulator's steps, read back from the stored curve
-        names = [problem.nodes[i].name for i in curve.values]
-        steps = tuple(("forward" if k == "f" else "backward", v, b)
-                      for k, v, b in zip(curve.phases, names, curve.live[TOTAL]))
-        memory = MemoryCurve(steps, curve.peak, "", "")
-    timeline = offload_timeline(problem, plan.saved, plan.offloaded, link, memory)
-    figures = {"offloaded": len(plan.offloaded), "offloaded_bytes": timeline.host_bytes,
-               "host_bytes": timeline.host_bytes, "exposed_transfer_s": timeline.exposed_s,
-               "added_time_s": plan.recompute_cost + timeline.exposed_s}
+    names = [problem.nodes[i].name for i in curve.values]
+    steps = tuple(("forward" if k == "f" else "backward", v, b)
+                  for k, v, b in zip(curve.phases, names, curve.live[TOTAL]))
+    timeline = offload_timeline(problem, plan.saved, plan.offloaded, link, MemoryCurve(steps, curve.peak, "", ""))
+    figures = {"offloaded": len(plan.offloaded), "host_bytes": timeline.host_bytes,
+               "exposed_transfer_s": timeline.exposed_s, "added_time_s": plan.recompute_cost + timeline.exposed_s}
     return figures, timeline
 
 

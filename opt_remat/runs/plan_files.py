@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from solvers import Plan, Problem
-from solvers.offload import offloaded_curve
 from solvers.training import TrainingSetup
 
 from .. import road
@@ -16,8 +15,8 @@ from ..formats.plan_file import graph_entry, plan_document, read_plan_file
 from ..plans import versions
 from ..report import clean_module
 from .config import Config, FactoryModel
-from .curves import step_curve
-from .offload_view import offload_figures
+from .curves import Curve, step_curve
+from .offload_view import offload_figures, with_transfers
 from .util import jsonable, write_atomic
 from .workload import Workload
 
@@ -35,33 +34,46 @@ def node_details(problem: Problem, plan: Plan) -> dict[str, dict[str, Any]]:
     return nodes
 
 
-def plan_entry(work: Workload, plan: Plan, peaks: tuple[int, int] | None = None,
-               setup: TrainingSetup | None = None, **extra: Any) -> dict[str, Any]:
-    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints. ``peaks``:
-    the step's peak and its gradient bytes, as the run simulated them (else simulated here, the
-    rank's whole memory under ``setup``, with the peak by kind)."""
-    entry = graph_entry(work.problem, plan, work.values, work.graph_id)
-    simulated = peaks is None
-    if peaks is None:
+def plan_curve(work: Workload, plan: Plan, setup: TrainingSetup | None,
+               cache: dict[frozenset[str], Curve] | None = None) -> tuple[Curve, dict[str, Any]]:
+    """A plan's step as the run's records and plan files show it, from one simulation: the rank's
+    memory under ``setup`` and, with offload, the offloaded values away and the transfers in flight;
+    with the offload figures (``offload_view.FIELDS``; {} without offload). ``cache``: curves
+    without offload by saved values, shared by the plans that save the same."""
+    key = frozenset(plan.saved)
+    curve = None if cache is None else cache.get(key)
+    if curve is None:
         curve = step_curve(work.problem, plan.saved, setup)
-        peaks = (curve.peak, curve.peak_gradients)
-        entry["peak_by_kind"] = curve.peak_by_kind()
-    entry["peak_bytes"], entry["peak_gradient_bytes"] = peaks
-    if simulated and (work.request.offload or plan.offloaded):  # the offload-aware peak and figures
-        link = road.offload_link(work.request)
-        offloaded, _ = offloaded_curve(work.problem, plan.saved, plan.offloaded, link)
-        entry["peak_bytes"], entry["peak_gradient_bytes"] = offloaded.peak, offloaded.peak_gradients
-        entry["offload"] = offload_figures(work.problem, plan, link)[0]
+        if cache is not None:
+            cache[key] = curve
+    if not (work.request.offload or plan.offloaded):
+        return curve, {}
+    figures, timeline = offload_figures(work.problem, plan, road.offload_link(work.request), curve)
+    return with_transfers(curve, timeline), figures
+
+
+def plan_entry(work: Workload, plan: Plan, shown: tuple[Curve, dict[str, Any]] | None = None,
+               setup: TrainingSetup | None = None, **extra: Any) -> dict[str, Any]:
+    """One graph's plan as a plan-file entry, with the details ``opt-remat show`` prints. ``shown``:
+    the plan's curve and offload figures as the run made them (``plan_curve``; else made here,
+    the rank's whole memory under ``setup``)."""
+    entry = graph_entry(work.problem, plan, work.values, work.graph_id)
+    curve, offload = shown if shown is not None else plan_curve(work, plan, setup)
+    entry["peak_bytes"], entry["peak_gradient_bytes"] = curve.peak, curve.peak_gradients
+    entry["peak_by_kind"] = curve.peak_by_kind()
+    if offload:
+        entry["offload"] = offload
     entry["nodes"] = node_details(work.problem, plan)
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry
 
 
-def read_plan_values(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What the (first) plan of a run's plan file saves and recomputes; a ValueError if it cannot be read."""
+def read_plan_values(path: Path) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """What the (first) plan of a run's plan file saves, recomputes and offloads; a ValueError if it
+    cannot be read."""
     try:
         graph = read_plan_file(path)["graphs"][0]
-        return tuple(graph["saved"]), tuple(graph.get("recomputed", []))
+        return tuple(graph["saved"]), tuple(graph.get("recomputed", [])), tuple(graph.get("offloaded", []))
     except (IndexError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a plan file of a run ({exc!r})") from None
 
@@ -83,11 +95,11 @@ def made_for(cfg: Config, work: Workload) -> dict[str, Any]:
 
 
 def write_plan(path: Path, cfg: Config, works: Sequence[Workload], plans: Sequence[Plan],
-               peaks: Sequence[tuple[int, int]] | None = None, setup: TrainingSetup | None = None,
+               shown: Sequence[tuple[Curve, dict[str, Any]]] | None = None, setup: TrainingSetup | None = None,
                **extra: Any) -> None:
-    """A plan file holding one plan per captured graph (``extra`` goes into each entry; ``peaks``
-    and ``setup`` as ``plan_entry`` takes them, one peak per plan)."""
-    entries = [plan_entry(w, p, peaks[i] if peaks else None, setup, **extra)
+    """A plan file holding one plan per captured graph (``extra`` goes into each entry; ``shown``
+    and ``setup`` as ``plan_entry`` takes them, one per plan)."""
+    entries = [plan_entry(w, p, shown[i] if shown else None, setup, **extra)
                for i, (w, p) in enumerate(zip(works, plans))]
     doc = plan_document(entries, {**made_for(cfg, works[0]), "apply": apply_hint(cfg, path),
                                   "versions": versions()})

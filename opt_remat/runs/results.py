@@ -66,8 +66,6 @@ class Record:
     n_recomputed: int | None = None
     peak_bytes: int | None = None  # the whole step's simulated peak ...
     peak_gradient_bytes: int | None = None  # ... and how much of it is gradients
-    # ... split by kind (``MemoryKind`` values; with a training set-up, the rank's whole memory)
-    peak_by_kind: dict[str, int] = field(default_factory=dict)
     curve: Curve | None = None  # the step's live memory, step by step (peak_bytes is its peak)
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # the solver's own details
@@ -89,6 +87,12 @@ class Record:
         return (self.budget, self.solver)
 
     @property
+    def peak_by_kind(self) -> dict[str, int]:
+        """The step's peak split by kind (``MemoryKind`` values; with a training set-up, the rank's
+        whole memory), read off the curve."""
+        return {} if self.curve is None else self.curve.peak_by_kind()
+
+    @property
     def done(self) -> bool:
         """Whether a rerun keeps it (errors and skipped pairs are tried again)."""
         return self.status not in ("error", "skipped")
@@ -105,6 +109,7 @@ class Record:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "curve"}
         out = {k: jsonable(v) for k, v in out.items() if v not in (None, "", [], {})}
         if self.curve is not None:  # plain ints and text already: not walked by jsonable
+            out["peak_by_kind"] = self.peak_by_kind or None
             out["curve"] = self.curve.to_json()
         return out
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from solvers import Problem
+from solvers import Plan, Problem
 
 from .curves import Curve, step_curve
 from .plan_files import read_plan_values
@@ -19,9 +19,14 @@ from .results import Record, ResultsError, ResultsFile, load_results
 
 @dataclass(frozen=True)
 class PlanValues:
-    """What a plan saves and recomputes, by value name."""
+    """What a plan saves, recomputes and offloads, by value name."""
     saved: tuple[str, ...]
     recomputed: tuple[str, ...]
+    offloaded: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, plan: Plan) -> "PlanValues":
+        return cls(tuple(plan.saved), tuple(plan.recomputed), tuple(sorted(plan.offloaded)))
 
 
 @dataclass

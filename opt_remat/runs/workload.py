@@ -16,9 +16,10 @@ from solvers import Problem
 
 from ..formats.plan_file import graph_hash, values_of_problem
 from .. import road
-from ..request import SolveRequest, make_request
+from ..request import SolveRequest
 from ..solve import resolve_budget
 from .config import FLOAT_DTYPES, BudgetSpec, Config
+from .config_rules import graph_request
 from .util import first_line, quiet_torch
 
 
@@ -220,13 +221,6 @@ def _build_model(cfg: Config, factory: Callable[..., Any], kwargs: dict[str, Any
         raise cfg.error(("model", "factory"), f"expected a factory returning a torch.nn.Module, got "
                                               f"{type(model).__name__}")
     return model
-
-
-def graph_request(cfg: Config) -> SolveRequest:
-    """The run's graph-level settings as a request (checked by ``runs.config_rules``)."""
-    spec = cfg.spec
-    return make_request(device=cfg.device, costs=spec.costs, rng_replay=spec.rng_replay,
-                        count_input_bytes=spec.count_input_bytes, offload=spec.offload, training=spec.training)
 
 
 def prepare_captured(joint: Any, request: SolveRequest) -> Any:

@@ -8,7 +8,6 @@ the cheap candidates (``candidates.py``), repairs, grafts, the layer mix and the
 """
 
 from ..errors import PeakInfeasibleError
-from .candidates import mincut_under_peak
 from .solve import peak_search
 
-__all__ = ["PeakInfeasibleError", "mincut_under_peak", "peak_search"]
+__all__ = ["PeakInfeasibleError", "peak_search"]

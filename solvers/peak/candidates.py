@@ -1,17 +1,14 @@
 """Plans a peak solve starts from, cheap to make: min-cut across its trade-off, checkpointing
 plans (every k-th block boundary or residual value; the blocks: ``solvers.blocks``), callers'
-plans; each with its simulated peak; the cheapest of them that fits (``mincut_under_peak``). Also
-the error a peak budget no plan meets raises."""
+plans; each with its simulated peak; the cheapest of them that fits (``cheapest_fitting``)."""
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 from ..blocks import find_blocks
-from ..budget import format_bytes
-from ..liveness import narrow_cut_values, peak_lower_bound, simulate_plan, without_gradients
-from ..errors import InfeasibleError, PeakInfeasibleError, PlanError
+from ..liveness import narrow_cut_values, simulate_plan
+from ..errors import InfeasibleError, PlanError
 from ..problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
 
 
@@ -101,27 +98,3 @@ def caller_plans(problem: Problem, saved_sets: Iterable[Iterable[str]]) -> list[
     return out
 
 
-def _infeasible(problem: Problem, peak_budget: int, frontier: list[tuple[Plan, int]]) -> PeakInfeasibleError:
-    """The error naming the smallest simulated peak among the frontier plans (not proven)."""
-    return PeakInfeasibleError(peak_budget, min((peak for _, peak in frontier), default=None), False,
-                               peak_lower_bound(problem))
-
-
-def mincut_under_peak(problem: Problem, peak_budget: int, budget: int | None = None, *,
-                      candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
-    """The cheapest frontier plan (min-cut or checkpointing, or one of ``candidates``) whose
-    simulated peak fits: fast, not proven optimal."""
-    if not count_gradients:
-        problem = without_gradients(problem)
-    start = time.perf_counter()
-    frontier = frontier_plans(problem) + caller_plans(problem, candidates)
-    best = cheapest_fitting(frontier, peak_budget, budget)
-    if best is None:
-        raise _infeasible(problem, peak_budget, frontier)
-    plan, peak = best
-    return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
-                recompute_cost=plan.recompute_cost, solver="mincut", status=Status.HEURISTIC,
-                solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
-                message=f"best {plan.solver} plan of the frontier under the peak budget: "
-                        f"simulated peak {format_bytes(peak)}",
-                extra={"peak": peak, "peak_budget": peak_budget})

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..liveness import simulator
 from ..mip_model import Model
 from ..problem import Problem
 from .cuts import CutContext, add_cut_rows
@@ -35,6 +36,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
     at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries.
     ``node_limit``: HiGHS's branch-and-bound nodes at most (a bound on work that does not depend
     on the machine's load)."""
+    peak_budget -= simulator(problem).floor_besides_graph()  # the rows count the graph alone
+
     def extend(m: Any, x: list[Any]) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
         if cuts is not None and cuts[1]:

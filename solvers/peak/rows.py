@@ -30,6 +30,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from ..liveness import graph_share
 from ..mip_model import Model
 from ..problem import Problem, Role
 
@@ -56,6 +57,7 @@ class PeakRows:
 
 
 def peak_rows(problem: Problem) -> PeakRows:
+    problem = graph_share(problem)  # the rows count the graph alone (solve_relaxation's budget too)
     by_name, size = problem.by_name, problem.storage_size
     backward = [n.name for n in problem.nodes if n.role is Role.BACKWARD]
     pos = {name: i for i, name in enumerate(backward)}

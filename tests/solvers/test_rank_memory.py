@@ -212,6 +212,62 @@ def test_peak_search_fits_the_device():
     assert rank_peak(p, plan.saved, FSDP2).total <= device
 
 
+SETUPS = (FSDP2, replace(FSDP2, reshard_after_forward=False, prefetch=True), TrainingSetup(optimizer="adamw"),
+          TrainingSetup(param_dtype="bf16", sharding="ddp", ranks=4, optimizer="sgd"))
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_what_bounds_count_besides_the_graph_is_held_everywhere(setup):
+    """The rank's floor (``RankModel.floor``) is held at every position of every plan's step, and
+    the floor of the rank's problem (``peak_lower_bound``: the graph's share, gradients left out
+    where FSDP frees them, plus that floor) is below every plan's rank peak, checked against
+    the rank's own simulation of each saved set."""
+    from itertools import combinations
+
+    from solvers.liveness import peak_lower_bound
+    p = _heavy()
+    on_rank = with_rank_memory(p, setup)
+    floor = simulator(on_rank).floor_besides_graph()
+    states = rank_states(p, setup)
+    assert floor >= states[K.SHARDED_PARAMS] + states[K.OPTIMIZER] > 0
+    graph = {K.ACTIVATIONS, K.TEMPORARIES, K.GRADIENTS}
+    lowest = peak_lower_bound(on_rank)
+    for k in range(4):
+        for saved in combinations(("e", "h0", "h1"), k):
+            curve = rank_curve(p, saved, setup)
+            besides = [sum(v[i] for kind, v in curve.by_kind.items() if kind not in graph)
+                       for i in range(len(curve.steps))]
+            assert min(besides) >= floor
+            assert lowest <= curve.peak.total
+
+
+def test_the_peak_search_bound_under_a_device_budget_is_proven_and_counts_the_states():
+    """Under FSDP the peak search's bound (its relaxation: the graph's share of the device)
+    stays below the cheapest plan that fits, found by trying every saved set."""
+    from itertools import combinations
+
+    from solvers.options import PeakSearchOptions
+    from solvers.peak import peak_search
+    from solvers.errors import PlanError
+    from solvers.problem import Status, plan_from_saved
+    p = _heavy()
+    device = _fitting_device(p)
+    plan = peak_search(with_rank_memory(p, FSDP2), device, options=PeakSearchOptions(time_limit_s=5))
+    inputs = {n.name for n in p.nodes if n.role is IN}
+    names = [c.name for c in p.candidates if c.role is not IN]
+    costs = []
+    for k in range(len(names) + 1):
+        for chosen in combinations(names, k):
+            try:
+                every = plan_from_saved(p, inputs | set(chosen), solver="all", status=Status.HEURISTIC)
+            except PlanError:
+                continue
+            if rank_peak(p, every.saved, FSDP2).total <= device:
+                costs.append(every.recompute_cost)
+    assert plan.bound is not None and plan.bound <= min(costs) + 1e-12
+    assert plan.recompute_cost == pytest.approx(min(costs))
+
+
 # ---- the device budget ------------------------------------------------------------------------
 
 def test_device_budget_is_conservative_and_refuses_with_what_fits():
