@@ -40,7 +40,7 @@ from .peak.layers import find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import SearchState
-from .peak.spend import fit_then_spend, spend_budget
+from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Status, plan_from_saved
 
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
@@ -56,6 +56,8 @@ SPEND_MIN, SPEND_MAX = 40, 600
 # none fits
 SPEND_STARTS = 2
 DESCEND_STARTS = 2
+# relaxation solves at fixed budgets before a refusal on a small graph (``_refusal_plans``)
+REFUSAL_GRID = 8
 
 
 def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
@@ -83,6 +85,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
     if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
         found += _spent(problem, found, peak_budget, budget)
     best = cheapest_fitting(found, peak_budget, budget)
+    if best is None and not proven:
+        found += _refusal_plans(problem, budget)
+        if cheapest_fitting(found, peak_budget, budget) is not None:
+            found += _spent(problem, found, peak_budget, budget)
+        best = cheapest_fitting(found, peak_budget, budget)
     if best is None:
         smallest = min((peak for p, peak in found if budget is None or p.saved_bytes <= budget), default=None)
         raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
@@ -99,7 +106,7 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
            budget: int | None) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations."""
-    evaluations = max(SPEND_MIN, min(SPEND_MAX, SPEND_WORK // max(1, len(problem.nodes))))
+    evaluations = _evaluations(problem)
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
@@ -110,10 +117,7 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
     for saved in starts:
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
     if not fitting:
-        # the lowest peaks of the structural plans and of the others (relaxation's: cheaper)
-        order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
-        lowest = order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
-        for plan, _ in lowest:
+        for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))
     out = []
     for st in states:
@@ -121,6 +125,40 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
             plan = plan_from_saved(problem, st.saved, solver="spent", status=Status.HEURISTIC)
             out.append((plan, st.peak))
     return out
+
+
+def _lowest(found: list[tuple[Plan, int]]) -> list[tuple[Plan, int]]:
+    """The lowest peaks of the structural plans and of the others (relaxation's: cheaper)."""
+    order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
+    return order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
+
+
+def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int]]:
+    """Before a refusal: plans found with no peak budget steering them, so every budget from the
+    lowest peak among them up is met (the budget-steered plans above miss some: a refusal between
+    two budgets met). On small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread
+    between the floor and the structural plans' lowest peak; then the plans met descending on the
+    peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
+    per problem."""
+    def make(p: Problem) -> list[tuple[Plan, int]]:
+        structural = p.derived("fast_peak.structural_plans", _structural_plans)
+        floor = peak_lower_bound(p)
+        top = min((peak for _, peak in structural), default=floor)
+        targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
+        out: list[tuple[Plan, int]] = []
+        if len(p.candidates) <= RELAXED_MAX_VALUES:
+            for target in targets:
+                out += relaxed_plans(p, target, budget).plans
+        starts = [plan.saved for plan, _ in _lowest(structural + out)]
+        for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=2 * _evaluations(p)):
+            out.append((plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak))
+        return out
+
+    return problem.derived(f"fast_peak.refusal_plans.{budget}", make)
+
+
+def _evaluations(problem: Problem) -> int:
+    return max(SPEND_MIN, min(SPEND_MAX, SPEND_WORK // max(1, len(problem.nodes))))
 
 
 def _origin(plan: Plan) -> str:
