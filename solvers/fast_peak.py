@@ -36,12 +36,12 @@ from .errors import InfeasibleError, PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
 from .peak.candidates import cheapest_fitting, checkpoint_plans
-from .peak.layers import find_layers, layer_plans
+from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import SearchState
 from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
-from .problem import Plan, Problem, Status, plan_from_saved
+from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
@@ -84,6 +84,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         proven = relaxed.infeasible
     if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
         found += _spent(problem, found, peak_budget, budget)
+    if layers is not None:
+        swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
+        if swapped:
+            found += swapped
+            found += _spent(problem, swapped, peak_budget, budget, starts=1)
     best = cheapest_fitting(found, peak_budget, budget)
     if best is None and not proven:
         found += _refusal_plans(problem, budget)
@@ -103,18 +108,18 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
 
 
 def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
-           budget: int | None) -> list[tuple[Plan, int]]:
+           budget: int | None, starts: int = SPEND_STARTS) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations."""
     evaluations = _evaluations(problem)
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
-    starts: list[frozenset[str]] = []
+    chosen: list[frozenset[str]] = []
     for plan, _ in fitting:
-        if plan.saved not in starts and len(starts) < SPEND_STARTS:
-            starts.append(plan.saved)
-    for saved in starts:
+        if plan.saved not in chosen and len(chosen) < starts:
+            chosen.append(plan.saved)
+    for saved in chosen:
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
     if not fitting:
         for plan, _ in _lowest(found):
@@ -124,6 +129,38 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
         if st is not None:
             plan = plan_from_saved(problem, st.saved, solver="spent", status=Status.HEURISTIC)
             out.append((plan, st.peak))
+    return out
+
+
+def _outside_swaps(problem: Problem, layers: Layers, found: list[tuple[Plan, int]],
+                   pool: list[tuple[Plan, int]], peak_budget: int, budget: int | None) -> list[tuple[Plan, int]]:
+    """The cheapest fitting plan with its decisions outside the repeated layers (the embedding,
+    the loss head) taken from each plan of the pool instead: the layer mix and the spending
+    change the layers only, and a min-cut plan's head often costs less. Those that fit and cost
+    less, each simulated once."""
+    best = cheapest_fitting(found, peak_budget, budget)
+    if best is None:
+        return []
+    mapped = {v for slot in layers.slots for v in slot}
+    inputs = {n.name for n in problem.nodes if n.role is Role.INPUT}
+    # the inputs saved at no cost (the parameters), whichever side reads them
+    free = {v for v in inputs if problem.can_save(v) and not problem.counts_memory(problem.by_name[v].storage_id)}
+    kept = {v for v in best[0].saved if v in mapped or v in inputs} | free
+    out, seen = [], {best[0].saved}
+    for plan, _ in pool:
+        saved = frozenset(kept | {v for v in plan.saved if v not in mapped})
+        if saved in seen:
+            continue
+        seen.add(saved)
+        try:
+            swapped = plan_from_saved(problem, saved, solver="layers", status=Status.HEURISTIC)
+        except PlanError:
+            continue
+        if swapped.recompute_cost >= best[0].recompute_cost:
+            continue
+        peak = simulate_plan(problem, swapped.saved).peak
+        if peak <= peak_budget and (budget is None or swapped.saved_bytes <= budget):
+            out.append((swapped, peak))
     return out
 
 
