@@ -215,22 +215,31 @@ def _nested_options(problem: Problem, slot: tuple[str, ...], keep: frozenset[int
             return 0
         return problem.storage_size.get(storage, 0)
 
+    # moves: one value, or every view of one storage at once (saving the views a split or
+    # unbind makes keeps their base and spares the split: no single view's move shows that)
+    views: dict[str, list[str]] = {}
+    for v in slot:
+        if by_name[v].storage_id != v and problem.can_save(v):
+            views.setdefault(by_name[v].storage_id, []).append(v)
+    moves: list[tuple[str, ...]] = [(v,) for v in slot if problem.can_save(v) and problem.recompute_cost_of(v) > 0]
+    moves += [tuple(m) for m in views.values() if len(m) > 1]
     current = {slot[i] for i in keep}
     now = cost(current)
     out: list[frozenset[int]] = []
     while now > 0 and len(out) < MAX_NESTED:
-        best: tuple[float, int, str] | None = None
-        for v in slot:
-            if v in current or not problem.can_save(v) or problem.recompute_cost_of(v) <= 0:
+        best: tuple[float, int, tuple[str, ...]] | None = None
+        for move in moves:
+            if all(v in current for v in move):
                 continue
-            gain = now - cost(current | {v})
+            gain = now - cost(current | set(move))
             if gain > 1e-12 * now:
-                key = (-gain / max(storage_bytes(current, v), 1), index[v], v)
+                added = storage_bytes(current, move[0])
+                key = (-gain / max(added, 1), index[move[0]], move)
                 if best is None or key < best:
                     best = key
         if best is None:
             break
-        current.add(best[2])
+        current.update(best[2])
         now = cost(current)
         out.append(frozenset(index[v] for v in current))
     return out
