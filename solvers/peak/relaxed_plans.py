@@ -25,9 +25,14 @@ MAX_VALUES = 600
 NODE_LIMIT = 200
 LOWERED_SOLVES = 3
 # cut rounds (each: rows at CUTS_PER_ROUND steps the plan overshoots, then a re-solve) before
-# the lowered budgets; FCN8 at 0.9/0.7 x its no-recompute peak needs 1-3
+# the lowered budgets, while the plan overshoots by at most CUT_MAX_OVER; FCN8 at 0.9/0.7 x its
+# no-recompute peak needs 1-3 (overshoot < 1%); a far plan (Mixtral: 10-40%) gains nothing from
+# them and each costs seconds
 CUT_ROUNDS = 4
 CUTS_PER_ROUND = 2
+CUT_MAX_OVER = 0.05
+# ... on graphs of more candidate values than this (below, a solve takes milliseconds)
+CUT_ANY_MAX_VALUES = 200
 # a plan overshooting by more than this share is not re-solved lower: the relaxation is loose
 # there (T5), and the re-solves rarely fit
 RESOLVE_MAX_OVER = 0.3
@@ -42,10 +47,12 @@ class RelaxedPlans:
     bound: float | None  # its proven bound at the budget (None: not proven)
 
 
-def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None) -> RelaxedPlans:
-    """The relaxation's plan at ``peak_budget``; while it overshoots, re-solved with cut rows
-    where it overshoots (at most ``CUT_ROUNDS``), then at budgets lowered by the overshoot (at
-    most ``LOWERED_SOLVES``); each simulated."""
+def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None, *,
+                  cut_rounds: int = CUT_ROUNDS, lowered: int = LOWERED_SOLVES) -> RelaxedPlans:
+    """The relaxation's plan at ``peak_budget``; while it overshoots (by at most
+    ``CUT_MAX_OVER`` on graphs over ``CUT_ANY_MAX_VALUES`` values), re-solved with cut rows where
+    it overshoots (at most ``cut_rounds``), then at budgets lowered by the overshoot (at most
+    ``lowered``); each simulated."""
     model = presolve(problem, build_model(problem), for_peak=True)
     rows = peak_rows(problem)
     ctx = CutContext(problem, model, rows)
@@ -70,8 +77,9 @@ def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None)
     if status == "infeasible":
         return RelaxedPlans([], True, None)
     bound = got_bound if status == "optimal" else None
-    for _ in range(CUT_ROUNDS):
-        if last is None or out[-1][1] <= peak_budget:
+    max_over = None if len(problem.candidates) <= CUT_ANY_MAX_VALUES else CUT_MAX_OVER * peak_budget
+    for _ in range(cut_rounds):
+        if last is None or out[-1][1] <= peak_budget or max_over is not None and out[-1][1] - peak_budget > max_over:
             break
         plan, curve = last
         new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(steps),
@@ -89,7 +97,7 @@ def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None)
             bound = max(bound or 0.0, got_bound)
         last = again or last
     target = peak_budget
-    for _ in range(LOWERED_SOLVES):
+    for _ in range(lowered):
         over = min(peak for _, peak in out) - peak_budget if out else 0
         if over <= 0 or over > RESOLVE_MAX_OVER * peak_budget:
             break
