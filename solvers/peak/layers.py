@@ -172,7 +172,7 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
     # the groups' options first: each group's program needs all of its own
     in_groups = dict.fromkeys([*in_groups_first, *(o for mine in group_options for o in mine)])
     common = list(dict.fromkeys([*in_groups, *(p for p, _ in counts.most_common(MAX_OPTIONS))]))
-    common = [p for p in common if p != keep][:max(MAX_OPTIONS, len(in_groups))]
+    common = [p for p in common if p != keep][:max(MAX_OPTIONS + len(in_groups_first), len(in_groups))]
     # the measurements stop in time for the dynamic program's plans
     began = time.perf_counter()
     span = max(0.0, deadline - began)
