@@ -9,14 +9,17 @@ Every plan is judged by the exact simulation of the step (``solvers.liveness``):
   ``solvers.mincut.lam_range``);
 * callers' plans (plans remembered from earlier solves of the graph, the default path's);
 * on graphs of repeated layers, the layer-mix dynamic program of ``solvers.peak.layers`` over
-  all of the above, based on checkpointing every layer: each layer takes its decisions from a
-  different plan;
+  all of the above and the layer's own trade-off, based on checkpointing every layer: each
+  layer takes its decisions from a different plan;
 * on small graphs (``relaxed_plans.MAX_VALUES``), the plans of the peak search's relaxation
-  (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, re-solved at lowered budgets), often
-  optimal there; a budget the relaxation admits no plan under is refused at once;
+  (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, cut rounds and re-solves at lowered
+  budgets), often optimal there; a budget the relaxation admits no plan under is refused at once;
 * the budget those plans leave unused is spent (``solvers.peak.spend``): from the cheapest plans
   that fit, recomputed values are saved back, most recompute per byte first, while the step
-  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first.
+  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first;
+* on graphs of repeated layers, the best plan with its decisions outside the layers taken from
+  each pool plan (``_outside_swaps``), spent again;
+* before a refusal, plans no budget steers (``_refusal_plans``), once per problem.
 
 The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
 (simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
