@@ -9,14 +9,17 @@ Every plan is judged by the exact simulation of the step (``solvers.liveness``):
   ``solvers.mincut.lam_range``);
 * callers' plans (plans remembered from earlier solves of the graph, the default path's);
 * on graphs of repeated layers, the layer-mix dynamic program of ``solvers.peak.layers`` over
-  all of the above, based on checkpointing every layer: each layer takes its decisions from a
-  different plan;
+  all of the above and the layer's own trade-off, based on checkpointing every layer: each
+  layer takes its decisions from a different plan;
 * on small graphs (``relaxed_plans.MAX_VALUES``), the plans of the peak search's relaxation
-  (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, re-solved at lowered budgets), often
-  optimal there; a budget the relaxation admits no plan under is refused at once;
+  (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, cut rounds and re-solves at lowered
+  budgets), often optimal there; a budget the relaxation admits no plan under is refused at once;
 * the budget those plans leave unused is spent (``solvers.peak.spend``): from the cheapest plans
   that fit, recomputed values are saved back, most recompute per byte first, while the step
-  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first.
+  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first;
+* on graphs of repeated layers, the best plan with its decisions outside the layers taken from
+  each pool plan (``_outside_swaps``), spent again;
+* before a refusal, plans no budget steers (``_refusal_plans``), once per problem.
 
 The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
 (simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
@@ -36,12 +39,12 @@ from .errors import InfeasibleError, PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
 from .mincut import lam_range, solve_mincut
 from .peak.candidates import cheapest_fitting, checkpoint_plans
-from .peak.layers import find_layers, layer_plans
+from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import SearchState
-from .peak.spend import fit_then_spend, spend_budget
-from .problem import Plan, Problem, Status, plan_from_saved
+from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
+from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
@@ -56,6 +59,10 @@ SPEND_MIN, SPEND_MAX = 40, 600
 # none fits
 SPEND_STARTS = 2
 DESCEND_STARTS = 2
+# relaxation solves at fixed budgets before a refusal on a small graph (``_refusal_plans``)
+REFUSAL_GRID = 8
+# ... on graphs up to this many candidate values (each solve takes ~0.5 s at 360: Mixtral)
+REFUSAL_RELAXED_MAX_VALUES = 200
 
 
 def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
@@ -82,7 +89,17 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         proven = relaxed.infeasible
     if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
         found += _spent(problem, found, peak_budget, budget)
+    if layers is not None:
+        swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
+        if swapped:
+            found += swapped
+            found += _spent(problem, swapped, peak_budget, budget, starts=1)
     best = cheapest_fitting(found, peak_budget, budget)
+    if best is None and not proven:
+        found += _refusal_plans(problem, budget)
+        if cheapest_fitting(found, peak_budget, budget) is not None:
+            found += _spent(problem, found, peak_budget, budget)
+        best = cheapest_fitting(found, peak_budget, budget)
     if best is None:
         smallest = min((peak for p, peak in found if budget is None or p.saved_bytes <= budget), default=None)
         raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
@@ -96,24 +113,21 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
 
 
 def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
-           budget: int | None) -> list[tuple[Plan, int]]:
+           budget: int | None, starts: int = SPEND_STARTS) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations."""
-    evaluations = max(SPEND_MIN, min(SPEND_MAX, SPEND_WORK // max(1, len(problem.nodes))))
+    evaluations = _evaluations(problem)
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
-    starts: list[frozenset[str]] = []
+    chosen: list[frozenset[str]] = []
     for plan, _ in fitting:
-        if plan.saved not in starts and len(starts) < SPEND_STARTS:
-            starts.append(plan.saved)
-    for saved in starts:
+        if plan.saved not in chosen and len(chosen) < starts:
+            chosen.append(plan.saved)
+    for saved in chosen:
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
     if not fitting:
-        # the lowest peaks of the structural plans and of the others (relaxation's: cheaper)
-        order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
-        lowest = order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
-        for plan, _ in lowest:
+        for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))
     out = []
     for st in states:
@@ -121,6 +135,74 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
             plan = plan_from_saved(problem, st.saved, solver="spent", status=Status.HEURISTIC)
             out.append((plan, st.peak))
     return out
+
+
+def _outside_swaps(problem: Problem, layers: Layers, found: list[tuple[Plan, int]],
+                   pool: list[tuple[Plan, int]], peak_budget: int, budget: int | None) -> list[tuple[Plan, int]]:
+    """The cheapest fitting plan with its decisions outside the repeated layers (the embedding,
+    the loss head) taken from each plan of the pool instead: the layer mix and the spending
+    change the layers only, and a min-cut plan's head often costs less. Those that fit and cost
+    less, each simulated once."""
+    best = cheapest_fitting(found, peak_budget, budget)
+    if best is None:
+        return []
+    mapped = {v for slot in layers.slots for v in slot}
+    inputs = {n.name for n in problem.nodes if n.role is Role.INPUT}
+    # the inputs saved at no cost (the parameters), whichever side reads them
+    free = {v for v in inputs if problem.can_save(v) and not problem.counts_memory(problem.by_name[v].storage_id)}
+    kept = {v for v in best[0].saved if v in mapped or v in inputs} | free
+    out, seen = [], {best[0].saved}
+    for plan, _ in pool:
+        saved = frozenset(kept | {v for v in plan.saved if v not in mapped})
+        if saved in seen:
+            continue
+        seen.add(saved)
+        try:
+            swapped = plan_from_saved(problem, saved, solver="layers", status=Status.HEURISTIC)
+        except PlanError:
+            continue
+        if swapped.recompute_cost >= best[0].recompute_cost:
+            continue
+        peak = simulate_plan(problem, swapped.saved).peak
+        if peak <= peak_budget and (budget is None or swapped.saved_bytes <= budget):
+            out.append((swapped, peak))
+    return out
+
+
+def _lowest(found: list[tuple[Plan, int]]) -> list[tuple[Plan, int]]:
+    """The lowest peaks of the structural plans and of the others (relaxation's: cheaper)."""
+    order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
+    return order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
+
+
+def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int]]:
+    """Before a refusal: plans found with no peak budget steering them, so every budget from the
+    lowest peak among them up is met (the budget-steered plans above miss some: a refusal between
+    two budgets met). On small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread
+    between the floor and the structural plans' lowest peak; then the plans met descending on the
+    peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
+    per problem."""
+    def make(p: Problem) -> list[tuple[Plan, int]]:
+        structural = p.derived("fast_peak.structural_plans", _structural_plans)
+        floor = peak_lower_bound(p)
+        top = min((peak for _, peak in structural), default=floor)
+        targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
+        out: list[tuple[Plan, int]] = []
+        if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES:
+            for target in targets:
+                out += relaxed_plans(p, target, budget).plans
+        starts = [plan.saved for plan, _ in _lowest(structural + out)]
+        # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
+        evaluations = _evaluations(p) // (1 if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES else 2)
+        for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations):
+            out.append((plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak))
+        return out
+
+    return problem.derived(f"fast_peak.refusal_plans.{budget}", make)
+
+
+def _evaluations(problem: Problem) -> int:
+    return max(SPEND_MIN, min(SPEND_MAX, SPEND_WORK // max(1, len(problem.nodes))))
 
 
 def _origin(plan: Plan) -> str:

@@ -37,6 +37,8 @@ from ..problem import Plan, Problem, Role, Status, plan_from_saved
 
 # at most this many options (distinct layers) are measured, the most frequent first
 MAX_OPTIONS = 60
+# at most this many options of the layer's own trade-off (``_nested_options``)
+MAX_NESTED = 16
 # the dynamic program's state: bytes held, in units of the budget / STATE_UNITS (rounded up)
 STATE_UNITS = 4000
 # solves of the dynamic program at budgets moved by what its plans miss the simulation by
@@ -155,6 +157,9 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
                 for decided in [chain.option_of(saved, layer)] for kept in (keep, boundary)]
 
     counts: Counter[frozenset[int]] = Counter()
+    # the layer's own trade-off, measured before the plans' options: from what checkpointing
+    # keeps, values saved back one at a time, the most recompute per byte first
+    in_groups_first = _nested_options(problem, layers.slots[probe], keep)
     for saved in frozen:
         counts.update(options_of(saved))
     group_options = [[o for saved in group for o in options_of(saved)] for group in groups]
@@ -165,9 +170,9 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
         return []
     measure = _Measure(problem, layers, chain, probe, ref)
     # the groups' options first: each group's program needs all of its own
-    in_groups = dict.fromkeys(o for mine in group_options for o in mine)
+    in_groups = dict.fromkeys([*in_groups_first, *(o for mine in group_options for o in mine)])
     common = list(dict.fromkeys([*in_groups, *(p for p, _ in counts.most_common(MAX_OPTIONS))]))
-    common = [p for p in common if p != keep][:max(MAX_OPTIONS, len(in_groups))]
+    common = [p for p in common if p != keep][:max(MAX_OPTIONS + len(in_groups_first), len(in_groups))]
     # the measurements stop in time for the dynamic program's plans
     began = time.perf_counter()
     span = max(0.0, deadline - began)
@@ -183,6 +188,60 @@ def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: It
         group_set |= {keep, last_base}
         _bisect(chain, measure, _pareto([o for o in options if o.positions in group_set]),
                 _pareto([o for o in last if o.positions in group_set]), peak_budget, budget, deadline, out)
+    return out
+
+
+def _nested_options(problem: Problem, slot: tuple[str, ...], keep: frozenset[int]) -> list[frozenset[int]]:
+    """Options from ``keep`` up: each saves one more of the layer's values than the last, the one
+    that removes the most recompute (within the layer: its inputs from outside are at hand) per
+    byte it adds, until nothing is left to remove. Budget-free: from one layer's structure."""
+    index = {v: i for i, v in enumerate(slot)}
+    by_name, reads = problem.by_name, problem.backward_reads
+
+    def cost(saved: set[str]) -> float:
+        done: set[str] = set()
+        stack = [v for v in slot if v in reads and v not in saved]
+        while stack:
+            v = stack.pop()
+            if v in done or v not in index:
+                continue
+            done.add(v)
+            stack.extend(u for u in by_name[v].inputs if u not in saved and u not in done)
+        return sum(problem.recompute_cost_of(v) for v in done)
+
+    def storage_bytes(saved: set[str], v: str) -> int:
+        storage = by_name[v].storage_id
+        if not problem.counts_memory(storage) or any(by_name[u].storage_id == storage for u in saved):
+            return 0
+        return problem.storage_size.get(storage, 0)
+
+    # moves: one value, or every view of one storage at once (saving the views a split or
+    # unbind makes keeps their base and spares the split: no single view's move shows that)
+    views: dict[str, list[str]] = {}
+    for v in slot:
+        if by_name[v].storage_id != v and problem.can_save(v):
+            views.setdefault(by_name[v].storage_id, []).append(v)
+    moves: list[tuple[str, ...]] = [(v,) for v in slot if problem.can_save(v) and problem.recompute_cost_of(v) > 0]
+    moves += [tuple(m) for m in views.values() if len(m) > 1]
+    current = {slot[i] for i in keep}
+    now = cost(current)
+    out: list[frozenset[int]] = []
+    while now > 0 and len(out) < MAX_NESTED:
+        best: tuple[float, int, tuple[str, ...]] | None = None
+        for move in moves:
+            if all(v in current for v in move):
+                continue
+            gain = now - cost(current | set(move))
+            if gain > 1e-12 * now:
+                added = storage_bytes(current, move[0])
+                key = (-gain / max(added, 1), index[move[0]], move)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            break
+        current.update(best[2])
+        now = cost(current)
+        out.append(frozenset(index[v] for v in current))
     return out
 
 

@@ -98,3 +98,30 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
     if judge.over(st) > 0:
         return st
     return spend_budget(problem, st.saved, peak_budget, budget, max_evaluations=max_evaluations, judge=judge)
+
+
+def lowest_peaks(problem: Problem, starts: Iterable[Iterable[str]], targets: Iterable[int],
+                 budget: int | None = None, *, max_evaluations: int) -> list[tuple[frozenset[str], int, float]]:
+    """The plans met on ``fit_then_spend`` from each of ``starts`` at each of ``targets`` (peak
+    budgets, in this order: the descent on the overshoot, then spending what is left), all
+    sharing ``max_evaluations`` simulations: those no other beats on both peak and cost, as
+    (saved, peak, cost), lowest peak first. Given the same targets, the same for every budget."""
+    judge = Judge(problem, 0, budget, math.inf, max_evaluations)
+    closed_starts = [c for c in (judge.close(saved) for saved in starts) if c is not None]
+    for target in targets:
+        judge.peak_budget = target
+        for closed in closed_starts:
+            if not judge.out_of_time():
+                st = _descend_peak(judge, judge.state(closed))
+                if judge.over(st) == 0:  # as fit_then_spend: the budget left is spent
+                    spend_budget(problem, st.saved, target, budget, max_evaluations=max_evaluations, judge=judge)
+    found = []
+    for kept, (peak, _) in judge.peaks.items():
+        plan = judge.close(kept)
+        if plan is not None and (budget is None or problem.saved_bytes(kept) <= budget):
+            found.append((peak, plan[2], sorted(kept), kept))
+    out: list[tuple[frozenset[str], int, float]] = []
+    for peak, cost, _, kept in sorted(found):
+        if not out or cost < out[-1][2]:
+            out.append((kept, peak, cost))
+    return out

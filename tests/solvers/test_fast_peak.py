@@ -90,7 +90,8 @@ def test_a_remembered_plan_that_fits_and_costs_less_wins_and_survives_the_proces
     """Where the fast default alone costs more than cpsat's plan at a tighter budget, the looser
     solve returns the remembered cpsat plan (or a cheaper one); the plan is on disk too."""
     used = 0
-    for seed in range(30):
+    # since its cut rounds the default meets cpsat's plan on seeds 0-29; 199 is one where not
+    for seed in [*range(30), 199]:
         p = repeated_problem(seed, layers=6, per_layer=6)
         floor, top = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
         tight, loose = floor + (top - floor) // 4, floor + (top - floor) // 3

@@ -48,3 +48,33 @@ def test_mixed_plans_fit_and_beat_checkpointing():
             better += any(plan.recompute_cost < base.recompute_cost for plan, _ in got)
     assert total >= 10
     assert better >= 0.4 * total, (better, total)  # measured: 18 of 36
+
+
+def test_the_layers_own_trade_off_saves_more_and_recomputes_less_each_step():
+    """Each nested option keeps the last and lowers the whole plan's recompute cost, counted by
+    ``recompute_closure`` over the graph (the options count it within the layer)."""
+    from solvers.peak.layers import _nested_options
+    from solvers.problem import recompute_closure
+
+    checked = 0
+    for seed in range(10):
+        p = repeated_problem(seed, layers=8, per_layer=6)
+        layers = find_layers(p)
+        base = uniform_checkpoints(p, (1,))[0]
+        if layers is None:
+            continue
+        probe = len(layers.slots) // 2
+        slot = layers.slots[probe]
+        keep = frozenset(i for i, v in enumerate(slot) if v in base.saved)
+        outside = {v for v in base.saved if v not in slot}
+        last, last_cost = keep, base.recompute_cost
+        for option in _nested_options(p, slot, keep):
+            assert last < option
+            saved = outside | {slot[i] for i in option}
+            recomputed, errors = recompute_closure(p, saved)
+            assert not errors
+            cost = sum(p.recompute_cost_of(v) for v in recomputed)
+            assert cost < last_cost - 1e-12, seed
+            last, last_cost = option, cost
+            checked += 1
+    assert checked, "no nested option on any problem: the test checks nothing"
