@@ -288,12 +288,13 @@ def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int 
         found = offload_program(problem, chosen, peak, link, budget=budget, must=must_offload,
                                 count_gradients=request.count_gradients, engine=engine,
                                 time_limit_s=float(opts.get("time_limit_s", PROGRAM_TIME_S)))
-        greedy = chosen.extra.get("offload")
-        if found is not None and (greedy is None or found.extra["offload"]["added_s"] < greedy["added_s"]):
-            chosen = dataclasses.replace(found, extra={**found.extra, "greedy": greedy})
+        greedy: Any = chosen.extra.get("offload")
+        mine: Any = {} if found is None else found.extra
+        if found is not None and (greedy is None or mine["offload"]["added_s"] < greedy["added_s"]):
+            chosen = dataclasses.replace(found, extra={**mine, "greedy": greedy})
         else:  # the chooser's plan stays; what the program found is noted beside it
             noted = {"engine": engine, "fitted": False} if found is None else {
-                **found.extra["offload_program"], "fitted": True, "added_s": found.extra["offload"]["added_s"]}
+                **mine["offload_program"], "fitted": True, "added_s": mine["offload"]["added_s"]}
             chosen = dataclasses.replace(chosen, extra={**chosen.extra, "offload_program": noted})
     if failure is not None and "offload" not in chosen.extra:
         failure.args = (failure.args[0] + " (without offload; with it no plan found fits either)",)
