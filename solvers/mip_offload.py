@@ -27,6 +27,7 @@ overshoots, and the plan's peak and times come from ``offloaded_curve`` only.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -39,12 +40,14 @@ from .liveness import without_gradients
 from .mip_cpsat import cpsat_program
 from .mip_model import Model, build_model
 from .offload import HostLink, offload_candidates, offloaded_curve
+from .peak.cuts import CutContext, add_cut_rows, violated_steps
 from .peak.rows import (PeakRows, add_peak_rows, condition_literals, elementary_spans, peak_rows, storage_segments,
                          storage_vars)
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 TIME_UNITS = 1 << 24  # the program's time unit: the step's total time over this
-REFITS = 4  # re-solves at a lowered budget while the simulated peak overshoots
+TIE_UNITS = 1 << 15  # the memory tie-break's resolution: the saved bytes over this
+ROUNDS = 8  # solves at most: the first, then with cuts or at a lowered budget while it overshoots
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,11 @@ def offload_form(problem: Problem, link: HostLink, must: Iterable[str] = ()) -> 
     b_end = list(accumulate(n.cost for n in bwd))
     b_start = [0.0, *b_end]
     nbytes = {v: size[by_name[v].storage_id] for v in names}
-    need = {v: min(rows.earliest.get(v, len(bwd)), len(bwd)) for v in names}
+    # first needed: a saved value's storage is held to there by the rows (its first direct read,
+    # else its consumers' earliest need); no plan reads it earlier
+    segments = storage_segments(problem, rows)
+    held = {c[1]: hi for segs in segments.values() for _, hi, c in segs if c[0] == "s"}
+    need = {v: min(held.get(v, rows.earliest.get(v, len(bwd))), len(bwd)) for v in names}
     deadline = {v: b_start[need[v]] for v in names}
     # alone on its stream, as late as it can end by the deadline, not before the backward starts
     reload_at = {v: min(need[v], bisect.bisect_right(b_end, max(0.0, deadline[v] - nbytes[v] / link.h2d)))
@@ -104,15 +111,15 @@ def offload_form(problem: Problem, link: HostLink, must: Iterable[str] = ()) -> 
     return OffloadForm(rows, ordered, frozenset(must) & set(names), nbytes, {v: u(t) for v, t in release.items()},
                        {v: u(b / link.d2h) for v, b in nbytes.items()}, {v: u(b / link.h2d) for v, b in nbytes.items()},
                        {v: u(t) for v, t in deadline.items()}, reload_at, u(forward_s),
-                       u(f_end[-2]) if len(f_end) > 1 else 0, unit, _offload_segments(problem, rows, reload_at))
+                       u(f_end[-2]) if len(f_end) > 1 else 0, unit, _offload_segments(segments, reload_at))
 
 
-def _offload_segments(problem: Problem, rows: PeakRows, reload_at: dict[str, int]
+def _offload_segments(segments: dict[str, list[tuple[int, int, tuple[Any, ...]]]], reload_at: dict[str, int]
                       ) -> dict[str, list[tuple[int, int, tuple[Any, ...]]]]:
     """The rows' storage segments, with a candidate's saved conditions before its reload made
     conditional on its being kept on the device (``("k", v)``, ``("kr", v, w)``)."""
     out: dict[str, list[tuple[int, int, tuple[Any, ...]]]] = {}
-    for g, segs in storage_segments(problem, rows).items():
+    for g, segs in segments.items():
         new: list[tuple[int, int, tuple[Any, ...]]] = []
         for lo, hi, cond in segs:
             p = reload_at.get(cond[1], 0) if cond[0] in ("s", "sr") else 0
@@ -133,8 +140,10 @@ class _Vars:
 
 
 def _write(m: Any, x: list[Any], problem: Problem, model: Model, form: OffloadForm, peak_budget: int,
-           host_cap: int | None) -> _Vars:
-    """The offload variables and conditions, and the peak rows counting them, into CP-SAT model ``m``."""
+           host_cap: int | None, cuts: tuple[CutContext, list[int]] | None = None) -> _Vars:
+    """The offload variables and conditions, and the peak rows counting them, into CP-SAT model ``m``;
+    ``cuts``: the peak search's cut rows at these backward steps, a candidate counted there as kept
+    (``k_v``) before its reload (``cut_context``)."""
     from ortools.sat.python import cp_model
 
     o = {v: m.new_bool_var("") for v in form.names if v in model.s_var}
@@ -190,7 +199,26 @@ def _write(m: Any, x: list[Any], problem: Problem, model: Model, form: OffloadFo
         m.add(cp_model.LinearExpr.weighted_sum(list(o.values()), [form.nbytes[v] for v in o]) <= host_cap)
     add_peak_rows(m, x, problem, model, form.rows, peak_budget, segments=form.segments, literals=literals,
                   forward_terms=freed)
+    ctx, taus = cuts if cuts is not None else (None, [])
+    for tau in sorted(set(taus)):
+        # the cut rows read a saved value through x[s_v]: before its reload, its kept literal
+        here = list(x)
+        for v, k in kept.items():
+            if tau < form.reload_at[v]:
+                here[model.s_var[v]] = k
+        assert ctx is not None
+        add_cut_rows(m, here, ctx, peak_budget, [tau])
     return _Vars(o, [e_d, e_h])
+
+
+def cut_context(problem: Problem, model: Model, form: OffloadForm) -> CutContext:
+    """The peak search's cut context over the program's segments (kept conditions read as saved
+    ones: ``_write`` hands the cut rows each step's kept literals in place of the saved ones)."""
+    ctx = CutContext(problem, model, form.rows)
+    plain = {g: [(lo, hi, ("s" + c[0][1:], *c[1:]) if c[0] in ("k", "kr") else c) for lo, hi, c in segs]
+             for g, segs in form.segments.items()}
+    ctx.segments = {g: list(elementary_spans(form.rows, g, segs)) for g, segs in plain.items()}
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -205,28 +233,38 @@ class ProgramAnswer:
 
 def solve_offload_program(problem: Problem, form: OffloadForm, peak_budget: int, *, host_cap: int | None = None,
                           budget: int | None = None, engine: str = "cpsat", time_limit_s: float = 30.0,
-                          threads: int = 1, seed: int = 0, hint: tuple[Iterable[str], Iterable[str]] | None = None
+                          threads: int = 1, seed: int = 0, hint: tuple[Iterable[str], Iterable[str]] | None = None,
+                          model: Model | None = None, cuts: tuple[CutContext, list[int]] | None = None
                           ) -> ProgramAnswer:
     """Least recompute + exposed transfer under the program at ``peak_budget`` by CP-SAT or HiGHS
-    (``engine="highs"``); ``hint``: a (saved, offloaded) plan to start from (CP-SAT)."""
+    (``engine="highs"``); ``hint``: a (saved, offloaded) plan to start from (CP-SAT); ``model``:
+    ``build_model(problem)`` if the caller has it; ``cuts``: cut rows (``cut_context``, steps)."""
     if engine not in ("cpsat", "highs"):
         raise ValueError(f"solve_offload_program: engine must be 'cpsat' or 'highs', got {engine!r}")
     from ortools.sat.python import cp_model
 
-    model = build_model(problem)
+    model = build_model(problem) if model is None else model
     got: list[_Vars] = []
     m, x = cpsat_program(model, {}, budget,
-                         lambda m, x: got.append(_write(m, x, problem, model, form, peak_budget, host_cap)))
+                         lambda m, x: got.append(_write(m, x, problem, model, form, peak_budget, host_cap, cuts)))
     ov = got[0]
-    terms = [(x[i], form.units(c)) for i, c in model.cost.items()] + [(e, 1) for e in ov.exposed]
-    terms = [(t, c) for t, c in terms if c]
+    timed = [(x[i], form.units(c)) for i, c in model.cost.items()] + [(e, 1) for e in ov.exposed]
+    timed = [(t, c) for t, c in timed if c]
+    # among plans of equal time, the least device bytes saved and kept (the simulator's peak is
+    # above the rows': the plan with room left fits it more often); a unit of time outweighs it all
+    total_m = sum(model.mem_size) or 1
+    q = [(-(-b * TIE_UNITS // total_m)) for b in model.mem_size]
+    ties = [(x[y], c) for y, c in zip(model.mem_var, q)]
+    ties += [(var, form.nbytes[v] * TIE_UNITS // -total_m) for v, var in ov.o.items()]  # -ceil
+    w = sum(q) + 1
+    terms = [(t, w * c) for t, c in timed] + ties
     objective = {t.index: c for t, c in terms}
     if engine == "highs":
         from .highs import solve_with_highs
 
         n = len(m.Proto().variables)
         ans = solve_with_highs(m, {i: float(c) for i, c in objective.items()}, n, time_limit_s=time_limit_s,
-                               rel_gap=1e-6)
+                               rel_gap=1e-9)
         values = ans.values
         status, bound = ans.status, ans.bound
         value = (lambda var: values[var.index]) if values is not None else None
@@ -253,9 +291,9 @@ def solve_offload_program(problem: Problem, form: OffloadForm, peak_budget: int,
         return ProgramAnswer(status, None, frozenset(), None, None)
     saved = frozenset([v for v, i in model.s_var.items() if value(x[i]) > 0.5] + model.free_saved)
     offloaded = frozenset(v for v, var in ov.o.items() if value(var) > 0.5)
-    total = sum(c * value(t) for t, c in terms)
+    total = sum(c * value(t) for t, c in timed)
     return ProgramAnswer(status, saved, offloaded, total * form.unit,
-                         None if bound is None else bound * form.unit)
+                         None if bound is None else math.floor(bound / w) * form.unit)
 
 
 def program_value(problem: Problem, form: OffloadForm, saved: Iterable[str], offloaded: Iterable[str],
@@ -323,25 +361,30 @@ def program_value(problem: Problem, form: OffloadForm, saved: Iterable[str], off
 def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLink, *, budget: int | None = None,
                     must: Iterable[str] = (), count_gradients: bool = True, engine: str = "cpsat",
                     time_limit_s: float = 30.0, threads: int = 1) -> Plan | None:
-    """The program's plan, judged by the simulator (``offloaded_curve``): solved at ``peak_budget``
-    and, while its simulated peak overshoots, again at a budget lowered by the overshoot (at most
-    ``REFITS`` times). ``plan``: the plan to start from (the hint). None where no plan it found
-    fits; else the plan with ``extra["offload"]`` from the simulator and ``extra["offload_program"]``
-    the program's numbers."""
+    """The program's plan, judged by the simulator (``offloaded_curve``): solved at ``peak_budget``;
+    while its simulated peak overshoots, re-solved with the peak search's cut rows at the backward
+    steps it overshoots (``solvers.peak.cuts``), or where none is left to cut, at a budget lowered
+    by the overshoot (``ROUNDS`` solves at most). ``plan``: the plan to start from (the hint). None
+    where no plan it found fits; else the plan with ``extra["offload"]`` from the simulator and
+    ``extra["offload_program"]`` the program's numbers."""
     began = time.perf_counter()
     sim = without_gradients(problem) if not count_gradients else problem
     form = offload_form(sim, link, must)
+    model = build_model(sim)
+    ctx: CutContext | None = None
+    steps: list[int] = []
     target, hint = peak_budget, (plan.saved, plan.offloaded)
     tries: list[dict[str, Any]] = []
     best: tuple[float, Plan, dict[str, Any]] | None = None
-    for _ in range(REFITS + 1):
+    for _ in range(ROUNDS):
         left = time_limit_s - (time.perf_counter() - began)
         if left <= 0.5:
             break
         ans = solve_offload_program(sim, form, target, host_cap=link.host_bytes, budget=budget, engine=engine,
-                                    time_limit_s=left, threads=threads, hint=hint)
+                                    time_limit_s=left, threads=threads, hint=hint, model=model,
+                                    cuts=(ctx, steps) if ctx is not None else None)
         if ans.saved is None:
-            tries.append({"budget": target, "status": ans.status})
+            tries.append({"budget": target, "cuts": len(steps), "status": ans.status})
             break
         try:
             cand = plan_from_saved(sim, ans.saved, solver="offload-program", status=Status.HEURISTIC)
@@ -350,15 +393,21 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
         off = ans.offloaded & cand.saved
         curve, timeline = offloaded_curve(sim, cand.saved, off, link)
         added = cand.recompute_cost + timeline.exposed_s
-        tries.append({"budget": target, "status": ans.status, "objective_s": ans.objective_s,
+        tries.append({"budget": target, "cuts": len(steps), "status": ans.status, "objective_s": ans.objective_s,
                       "bound_s": ans.bound_s, "peak": curve.peak, "added_s": added})
         if curve.peak <= peak_budget:
             info = {"peak": curve.peak, "recompute_s": cand.recompute_cost, "exposed_s": timeline.exposed_s,
                     "host_bytes": timeline.host_bytes, "added_s": added}
-            if best is None or added < best[0]:
-                best = (added, replace(cand, offloaded=off), info)
-            break  # a lower budget costs no less under the program
-        target -= curve.peak - peak_budget
+            best = (added, replace(cand, offloaded=off), info)
+            break  # more cuts or a lower budget cost no less under the program
+        new = violated_steps(sim, curve, target, skip=set(steps)) if (cand.saved, off) != hint else []
+        if new:
+            ctx = cut_context(sim, model, form) if ctx is None else ctx
+            for k in new:
+                ctx.note(k, set(cand.saved), set(cand.recomputed))
+            steps += new
+        else:  # the overshoot is in the forward, at steps cut already, or the cuts changed nothing
+            target -= curve.peak - peak_budget
         hint = (cand.saved, off)
     if best is None:
         return None
