@@ -21,7 +21,8 @@ that fits the same budget, solve seconds; the default's cost, peak and seconds.
 budget gets offload rows through the road (``road.solve_problem`` with ``offload=True``, h100's
 50 GB/s host link, 1 MiB threshold, no host cap): for the default and ``cpsat``, without and with
 offload, the recompute ms, offloaded GiB, exposed transfer ms and predicted added step time
-(recompute + exposed transfer) by the model of ``solvers.offload``.
+(recompute + exposed transfer) by the model of ``solvers.offload``; for cpsat the offload
+program (``solvers.mip_offload``) runs too and the note says whose plan was kept.
 """
 
 from __future__ import annotations
@@ -106,7 +107,22 @@ def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, 
                     "offloaded GiB": f"{cost.host_bytes / GIB:.2f}",
                     f"exposed {t_name}": f"{cost.exposed_s * t_scale:.2f}",
                     f"added {t_name}": f"{cost.added_s * t_scale:.2f}", "solve s": f"{time.perf_counter() - start:.1f}",
-                    "note": f"{len(plan.offloaded)} offloaded" if offload else ""})
+                    "note": (f"{len(plan.offloaded)} offloaded" + _program_note(plan, t_scale, t_name)
+                             if offload else "")})
+
+
+def _program_note(plan, t_scale: float, t_name: str) -> str:
+    """Whose plan it is where the offload program ran (cpsat): the program's or the chooser's."""
+    program = plan.extra.get("offload_program")
+    if program is None:
+        return ""
+    if "greedy" in plan.extra:
+        greedy = plan.extra["greedy"]
+        return ("; the program's plan" + ("" if greedy is None else
+                f" (the chooser's added {greedy['added_s'] * t_scale:.2f} {t_name})"))
+    if program.get("fitted"):
+        return f"; the chooser's plan (the program's added {program['added_s'] * t_scale:.2f} {t_name})"
+    return "; the chooser's plan (the program's plans did not fit)"
 
 
 def main() -> None:
