@@ -36,13 +36,12 @@ from typing import Any
 
 from .budget import format_bytes, format_seconds
 from .errors import PlanError
-from .liveness import without_gradients
+from .liveness import simulate_plan, without_gradients
 from .mip_cpsat import cpsat_program
 from .mip_model import Model, build_model
 from .offload import HostLink, offload_candidates, offloaded_curve
-from .peak.cuts import CutContext, add_cut_rows, violated_steps
-from .peak.rows import (PeakRows, add_peak_rows, condition_literals, elementary_spans, peak_rows, storage_segments,
-                         storage_vars)
+from .peak.cuts import CutContext, add_cut_rows, simulated_by_step, violated_steps
+from .peak.rows import (PeakRows, add_peak_rows, condition_literals, elementary_spans, peak_rows, storage_segments)
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 TIME_UNITS = 1 << 24  # the program's time unit: the step's total time over this
@@ -72,8 +71,11 @@ class OffloadForm:
         return int(round(seconds / self.unit))
 
 
-def offload_form(problem: Problem, link: HostLink, must: Iterable[str] = ()) -> OffloadForm:
-    rows = peak_rows(problem)
+def offload_form(problem: Problem, link: HostLink, must: Iterable[str] = (),
+                 saved: Iterable[str] | None = None) -> OffloadForm:
+    """The program's data; ``saved``: a plan whose simulation tells what the problem's simulator
+    counts besides the graph (a rank's memory, ``with_rank_memory``), added to the rows' constants."""
+    rows = peak_rows(problem) if saved is None else _with_rank_offsets(problem, peak_rows(problem), set(saved))
     by_name, size = problem.by_name, problem.storage_size
     names = [v for v in dict.fromkeys([*offload_candidates(problem, link), *sorted(must)])
              if v in by_name and problem.can_save(v) and problem.counts_memory(by_name[v].storage_id)]
@@ -112,6 +114,22 @@ def offload_form(problem: Problem, link: HostLink, must: Iterable[str] = ()) -> 
                        {v: u(b / link.d2h) for v, b in nbytes.items()}, {v: u(b / link.h2d) for v, b in nbytes.items()},
                        {v: u(t) for v, t in deadline.items()}, reload_at, u(forward_s),
                        u(f_end[-2]) if len(f_end) > 1 else 0, unit, _offload_segments(segments, reload_at))
+
+
+def _with_rank_offsets(problem: Problem, rows: PeakRows, saved: set[str]) -> PeakRows:
+    """``rows`` with what the problem's simulator counts besides the graph (the difference to a
+    plain copy's simulation of one plan, per backward position and at the forward's end) as
+    constants: the rank's states are no plan's to change."""
+    plain = replace(problem)  # a copy without the problem's derived simulator
+    ours, theirs = simulate_plan(problem, saved), simulate_plan(plain, saved)
+    if [b for *_, b in ours.steps] == [b for *_, b in theirs.steps]:
+        return rows
+    by_step = [max(0, a - b) for a, b in zip(simulated_by_step(problem, ours), simulated_by_step(plain, theirs))]
+    if len(by_step) != len(rows.consts):
+        return rows
+    fw = [a - b for (ph, _, a), (_, _, b) in zip(ours.steps, theirs.steps) if ph == "forward"]
+    return replace(rows, consts=tuple(c + d for c, d in zip(rows.consts, by_step)),
+                   outputs_bytes=rows.outputs_bytes + max(0, fw[-1] if fw else 0))
 
 
 def _offload_segments(segments: dict[str, list[tuple[int, int, tuple[Any, ...]]]], reload_at: dict[str, int]
@@ -296,68 +314,6 @@ def solve_offload_program(problem: Problem, form: OffloadForm, peak_budget: int,
                          None if bound is None else math.floor(bound / w) * form.unit)
 
 
-def program_value(problem: Problem, form: OffloadForm, saved: Iterable[str], offloaded: Iterable[str],
-                  peak_budget: int, *, host_cap: int | None = None, budget: int | None = None,
-                  model: Model | None = None) -> int | None:
-    """The program's objective (time units) for a plan saving ``saved`` (as given) and offloading
-    ``offloaded``, recomputing what the backward then needs; None where the program forbids the
-    plan. An independent reading of the program (the tests' cross-check by enumeration)."""
-    saved, off = frozenset(saved), frozenset(offloaded)
-    model = build_model(problem) if model is None else model
-    try:
-        recomputed = plan_from_saved(problem, saved, solver="check", status=Status.HEURISTIC).recomputed
-    except PlanError:
-        return None
-    by_name, size = problem.by_name, problem.storage_size
-    if budget is not None and problem.saved_bytes(saved) > budget:
-        return None
-    allowed = {v for v in form.names if v in model.s_var}
-    if not off <= saved & allowed or any(v in saved and v not in off for v in form.must & allowed):
-        return None
-    if host_cap is not None and sum(form.nbytes[v] for v in off) > host_cap:
-        return None
-    for v in off:
-        if any(w != v and w in saved and w in model.s_var and by_name[w].storage_id == by_name[v].storage_id
-               for w in model.s_var):
-            return None
-    unit = max(1, peak_budget >> 24)
-    finish: dict[str, int] = {}
-    clock = 0
-    for v in form.names:
-        if v in off:
-            clock = max(clock, form.release[v]) + form.d2h[v]
-            finish[v] = clock
-    e_d = max(0, clock - form.forward) if off else 0
-    e_h, run = 0, 0
-    for v in sorted(off, key=lambda v: (form.deadline[v], problem.index[v])):
-        run += form.h2d[v]
-        e_h = max(e_h, run - form.deadline[v])
-    rows_of = {g for g in storage_vars(problem, model) if g not in form.rows.output_storages and size[g] // unit}
-    storages = {by_name[v].storage_id for v in saved if v in model.s_var} & rows_of
-    fw = sum(size[g] // unit for g in storages)
-    fw += sum(-form.nbytes[v] // unit for v in off if finish[v] <= form.freed_by)
-    if rows_of and fw > peak_budget // unit - form.rows.outputs_bytes // unit:
-        return None
-
-    def holds(c: tuple[Any, ...]) -> bool:
-        s_ok = c[1] in saved and c[1] in model.s_var
-        first = {"s": s_ok, "k": s_ok and c[1] not in off, "r": c[1] in recomputed and c[1] in model.r_var}
-        if c[0] in first:
-            return first[c[0]]
-        return c[2] in recomputed and c[2] in model.r_var and (s_ok if c[0] == "sr" else s_ok and c[1] not in off)
-
-    delta = [0] * (len(form.rows.consts) + 1)
-    for g, segs in form.segments.items():
-        for lo, hi, active in elementary_spans(form.rows, g, segs):
-            if any(holds(c) for c in active):
-                delta[lo] += size[g] // unit
-                delta[hi] -= size[g] // unit
-    live = list(accumulate(delta[:-1]))
-    if any(form.rows.consts[k] // unit + live[k] > peak_budget // unit for k in form.rows.kept_steps()):
-        return None
-    return sum(form.units(problem.recompute_cost_of(v)) for v in recomputed if v in model.r_var) + e_d + e_h
-
-
 def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLink, *, budget: int | None = None,
                     must: Iterable[str] = (), count_gradients: bool = True, engine: str = "cpsat",
                     time_limit_s: float = 30.0, threads: int = 1) -> Plan | None:
@@ -369,7 +325,7 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
     ``extra["offload_program"]`` the program's numbers."""
     began = time.perf_counter()
     sim = without_gradients(problem) if not count_gradients else problem
-    form = offload_form(sim, link, must)
+    form = offload_form(sim, link, must, plan.saved)
     model = build_model(sim)
     ctx: CutContext | None = None
     steps: list[int] = []

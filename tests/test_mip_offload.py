@@ -11,7 +11,8 @@ from solvers.baselines import save_all
 from solvers.fast_peak import fast_peak_plan
 from solvers.liveness import simulate_plan
 from solvers.mip_model import build_model
-from solvers.mip_offload import offload_form, offload_program, program_value, solve_offload_program
+from solvers.mip_offload import offload_form, offload_program, solve_offload_program
+from solvers.mip_offload_value import program_value
 from solvers.offload import HostLink, offload_errors, offloaded_curve
 from solvers.offload_plan import choose_offload
 from solvers.peak import PeakInfeasibleError
