@@ -81,3 +81,34 @@ def test_device_budget_with_offload_offloads_fits_and_trains_as_without(solver):
     assert same.history[-1].plan.saved == rec.plan.saved
     check = compare_steps(off, ref)
     assert check.ok and check.bitwise, check
+
+
+def test_the_road_keeps_the_plan_of_less_added_time_of_the_chooser_and_the_program():
+    from support.random_problems import random_problem
+
+    from opt_remat.request import make_request
+    from solvers.baselines import save_all
+    from solvers.offload_plan import offload_cost
+
+    ran = took = 0
+    for seed in range(8):
+        problem = random_problem(seed, n_forward=12, n_backward=9, view_prob=0.2)
+        peak = int(simulate_plan(problem, save_all(problem).saved).peak * 0.8)
+        request = make_request("cpsat", peak_budget=peak, options={"time_limit_s": 10}, device=DEVICE,
+                               offload=OFFLOAD)
+        try:
+            plan = road.solve_problem(problem, request, None)
+        except opt_remat.errors.PeakBudgetError:
+            continue
+        link = road.offload_link(request)
+        cost = offload_cost(problem, plan.saved, plan.offloaded, link)
+        assert cost.peak <= peak and cost.added_s == pytest.approx(plan.extra["offload"]["added_s"]), seed
+        program = plan.extra["offload_program"]
+        ran += 1
+        if "greedy" in plan.extra:  # the program's plan, kept for adding less time than the chooser's
+            took += 1
+            greedy = plan.extra["greedy"]
+            assert greedy is None or cost.added_s < greedy["added_s"], seed
+        elif program.get("fitted"):
+            assert cost.added_s <= program["added_s"], seed
+    assert ran >= 4
