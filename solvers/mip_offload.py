@@ -40,6 +40,7 @@ from .liveness import simulate_plan, without_gradients
 from .mip_cpsat import cpsat_program
 from .mip_model import Model, build_model
 from .offload import HostLink, offload_candidates, offloaded_curve
+from .offload_plan import fit_offloads
 from .peak.cuts import CutContext, add_cut_rows, simulated_by_step, violated_steps
 from .peak.rows import (PeakRows, add_peak_rows, condition_literals, elementary_spans, peak_rows, storage_segments)
 from .problem import Plan, Problem, Role, Status, plan_from_saved
@@ -47,6 +48,7 @@ from .problem import Plan, Problem, Role, Status, plan_from_saved
 TIME_UNITS = 1 << 24  # the program's time unit: the step's total time over this
 TIE_UNITS = 1 << 15  # the memory tie-break's resolution: the saved bytes over this
 ROUNDS = 8  # solves at most: the first, then with cuts or at a lowered budget while it overshoots
+FIRST_SHARE = 0.5  # of the time limit, for the first solve (the re-solves start from its plan)
 
 
 @dataclass(frozen=True)
@@ -318,11 +320,12 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
                     must: Iterable[str] = (), count_gradients: bool = True, engine: str = "cpsat",
                     time_limit_s: float = 30.0, threads: int = 1) -> Plan | None:
     """The program's plan, judged by the simulator (``offloaded_curve``): solved at ``peak_budget``;
-    while its simulated peak overshoots, re-solved with the peak search's cut rows at the backward
-    steps it overshoots (``solvers.peak.cuts``), or where none is left to cut, at a budget lowered
-    by the overshoot (``ROUNDS`` solves at most). ``plan``: the plan to start from (the hint). None
-    where no plan it found fits; else the plan with ``extra["offload"]`` from the simulator and
-    ``extra["offload_program"]`` the program's numbers."""
+    where its simulated peak overshoots, repaired by offloading more (``offload_plan.fit_offloads``),
+    and re-solved with the peak search's cut rows at the backward steps it overshoots
+    (``solvers.peak.cuts``), or where none is left to cut, at a budget lowered by the overshoot
+    (``ROUNDS`` solves at most; the first gets ``FIRST_SHARE`` of the time). ``plan``: the plan to
+    start from (the hint). None where nothing it found fits; else the plan adding the least time,
+    with ``extra["offload"]`` from the simulator and ``extra["offload_program"]`` the tries."""
     began = time.perf_counter()
     sim = without_gradients(problem) if not count_gradients else problem
     form = offload_form(sim, link, must, plan.saved)
@@ -332,13 +335,22 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
     target, hint = peak_budget, (plan.saved, plan.offloaded)
     tries: list[dict[str, Any]] = []
     best: tuple[float, Plan, dict[str, Any]] | None = None
-    for _ in range(ROUNDS):
+
+    def offer(cand: Plan, off: frozenset[str], curve: Any, timeline: Any, how: str) -> None:
+        nonlocal best
+        added = cand.recompute_cost + timeline.exposed_s
+        if curve.peak <= peak_budget and (best is None or added < best[0]):
+            best = (added, replace(cand, offloaded=off), {
+                "peak": curve.peak, "recompute_s": cand.recompute_cost, "exposed_s": timeline.exposed_s,
+                "host_bytes": timeline.host_bytes, "added_s": added, "found_by": how})
+
+    for round_ in range(ROUNDS):
         left = time_limit_s - (time.perf_counter() - began)
         if left <= 0.5:
             break
         ans = solve_offload_program(sim, form, target, host_cap=link.host_bytes, budget=budget, engine=engine,
-                                    time_limit_s=left, threads=threads, hint=hint, model=model,
-                                    cuts=(ctx, steps) if ctx is not None else None)
+                                    time_limit_s=left * FIRST_SHARE if round_ == 0 else left, threads=threads,
+                                    hint=hint, model=model, cuts=(ctx, steps) if ctx is not None else None)
         if ans.saved is None:
             tries.append({"budget": target, "cuts": len(steps), "status": ans.status})
             break
@@ -348,14 +360,15 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
             break
         off = ans.offloaded & cand.saved
         curve, timeline = offloaded_curve(sim, cand.saved, off, link)
-        added = cand.recompute_cost + timeline.exposed_s
         tries.append({"budget": target, "cuts": len(steps), "status": ans.status, "objective_s": ans.objective_s,
-                      "bound_s": ans.bound_s, "peak": curve.peak, "added_s": added})
+                      "bound_s": ans.bound_s, "peak": curve.peak, "added_s": cand.recompute_cost + timeline.exposed_s})
+        offer(cand, off, curve, timeline, "program")
         if curve.peak <= peak_budget:
-            info = {"peak": curve.peak, "recompute_s": cand.recompute_cost, "exposed_s": timeline.exposed_s,
-                    "host_bytes": timeline.host_bytes, "added_s": added}
-            best = (added, replace(cand, offloaded=off), info)
             break  # more cuts or a lower budget cost no less under the program
+        fitted = fit_offloads(sim, cand.saved, off, peak_budget, link, budget=budget)
+        if fitted is not None:
+            offer(fitted[0], fitted[1], *offloaded_curve(sim, fitted[0].saved, fitted[1], link),
+                  "program, more offloaded to fit")
         new = violated_steps(sim, curve, target, skip=set(steps)) if (cand.saved, off) != hint else []
         if new:
             ctx = cut_context(sim, model, form) if ctx is None else ctx
