@@ -210,11 +210,13 @@ def _write(m: Any, x: list[Any], problem: Problem, model: Model, form: OffloadFo
     if prev is not None:
         m.add(e_d >= prev - form.forward)
     e_h = m.new_int_var(0, sum(form.h2d.values()) + 2, "")
-    due: list[tuple[int, Any]] = []
+    due, bound = None, sum(form.h2d.values()) + 1
     for v in sorted(o, key=lambda v: (form.deadline[v], problem.index[v])):  # earliest deadline first
-        due.append((form.h2d[v], o[v]))
-        m.add(e_h >= cp_model.LinearExpr.weighted_sum([lit for _, lit in due], [c for c, _ in due])
-              - form.deadline[v])
+        # the copies due by this one's deadline, as a running sum (linear in size)
+        run = m.new_int_var(0, bound, "")
+        m.add(run == (due if due is not None else 0) + form.h2d[v] * o[v])
+        m.add(e_h >= run - form.deadline[v])
+        due = run
     if host_cap is not None and o:
         m.add(cp_model.LinearExpr.weighted_sum(list(o.values()), [form.nbytes[v] for v in o]) <= host_cap)
     add_peak_rows(m, x, problem, model, form.rows, peak_budget, segments=form.segments, literals=literals,
@@ -292,14 +294,24 @@ def solve_offload_program(problem: Problem, form: OffloadForm, peak_budget: int,
         m.minimize(cp_model.LinearExpr.weighted_sum([t for t, _ in terms], [c for _, c in terms]))
         if hint is not None:
             hs, ho = set(hint[0]), set(hint[1])
+            try:
+                hr = plan_from_saved(problem, hs, solver="hint", status=Status.HEURISTIC).recomputed
+            except PlanError:
+                hr = frozenset()
             for v, i in model.s_var.items():
                 m.add_hint(x[i], int(v in hs))
+            for v, i in model.r_var.items():
+                m.add_hint(x[i], int(v in hr))
             for v, var in ov.o.items():
                 m.add_hint(var, int(v in ho and v in hs))
+            solver_hint_repair = True
+        else:
+            solver_hint_repair = False
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
         solver.parameters.num_workers = max(1, threads)
         solver.parameters.random_seed = seed
+        solver.parameters.repair_hint = solver_hint_repair  # a hint the program refuses: its nearest
         if threads <= 1:
             solver.parameters.linearization_level = 2
         code = solver.solve(m)
@@ -353,6 +365,8 @@ def offload_program(problem: Problem, plan: Plan, peak_budget: int, link: HostLi
                                     hint=hint, model=model, cuts=(ctx, steps) if ctx is not None else None)
         if ans.saved is None:
             tries.append({"budget": target, "cuts": len(steps), "status": ans.status})
+            if ans.status == "unknown" and round_ == 0:
+                continue  # nothing found in the first share: the rest of the time
             break
         try:
             cand = plan_from_saved(sim, ans.saved, solver="offload-program", status=Status.HEURISTIC)
