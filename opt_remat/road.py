@@ -257,7 +257,10 @@ def _peak_plan(problem: Problem, request: SolveRequest, budget: int | None, opts
                             count_gradients=request.count_gradients, memory=memory, device=device)
 
 
-PROGRAM_ENGINES = {"cpsat": "cpsat", "milp": "highs", "peak-search": "highs"}  # solvers that run the offload program
+# solvers that run the offload program, and its engine: HiGHS for all, as the peak search's
+# relaxation (cpsat and milp name the peak search under a peak budget); CP-SAT found no plan in
+# 2 x 60 s on the 7B FSDP graph where HiGHS found one (docs/benchmarks.md)
+PROGRAM_ENGINES = {"cpsat": "highs", "milp": "highs", "peak-search": "highs"}
 
 
 def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
