@@ -88,10 +88,10 @@ def _default_columns(problem, budget: int, lam: float, unit: int, t_scale: float
 
 
 def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, row, t_scale: float,
-                  t_name: str) -> None:
-    """Per budget, the default and cpsat without and with offload, through the road."""
+                  t_name: str, solvers: list[str | None]) -> None:
+    """Per budget, each solver (None: the default) without and with offload, through the road."""
     for fraction, budget in budgets:
-        for solver in (None, "cpsat"):
+        for solver in solvers:
             opts = {"time_limit_s": time_limit} if solver else {}
             for offload in (False, True):
                 request = make_request(solver, peak_budget=budget, options=opts, offload=offload)
@@ -133,6 +133,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--no-smallest", action="store_true", help="skip the smallest-peak search (a time limit each)")
     ap.add_argument("--offload", action="store_true", help="offload rows only: default and cpsat, without and with")
+    ap.add_argument("--offload-solvers", nargs="+", default=["default", "cpsat"], help="the offload rows' solvers")
     args = ap.parse_args()
     # the sweep's remembered plans stay out of the user's cache
     os.environ["OPT_REMAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-peak-scale-")
@@ -167,7 +168,8 @@ def main() -> None:
         row("min-cut (lam auto)", mc_peak, mc.recompute_cost)
         if args.offload:
             budgets = [(f, int(f * mc_peak)) for f in sorted(args.fractions)]
-            _offload_rows(problem, budgets, args.time_limit, row, t_scale, t_name)
+            _offload_rows(problem, budgets, args.time_limit, row, t_scale, t_name,
+                          [None if s == "default" else s for s in args.offload_solvers])
             continue
         checkpoints = []
         for plan in uniform_checkpoints(problem, (1, 2, 4, 8)):
