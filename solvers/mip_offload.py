@@ -8,20 +8,22 @@ the model of ``solvers.offload`` written linearly:
 
 * device memory: in the backward, a saved v's storage is counted before its reload only where it
   is not offloaded (the literal ``k_v >= s_v - o_v`` replaces ``s_v`` there). The reload starts,
-  alone on its stream, as late as it can end by the value's first backward need (``E(v)`` of the
-  rows, timed by the backward's compute in graph order); at the forward's end, v is off the device
+  alone on its stream, as late as it can end by the value's first backward need (where the rows
+  hold it to, timed by the backward's compute in graph order); at the forward's end, v is off the device
   where ``f_v`` (<= ``o_v``) says its D2H copy, in the FIFO chain below, ended before the last step;
 * D2H: copies in order of their release (the end of the value's last forward use); the finish
   times ``C_j >= C_{j-1} + d_j o_j`` and ``C_j >= (r_j + d_j) o_j`` are the FIFO's (least values);
   exposed ``E_d >= C_last - forward time``;
 * H2D: all due at fixed deadlines, none before the backward starts: exposed ``E_h >= sum of the
   copies due by d - d`` for every deadline d (earliest-deadline order, the simulator's);
-* host bytes ``sum b_v o_v <= cap``; objective: recompute + ``E_d`` + ``E_h``, in one time unit.
+* host bytes ``sum b_v o_v <= cap``; objective: recompute + ``E_d`` + ``E_h``, in one time unit,
+  then the least device bytes kept; a rank's memory (``with_rank_memory``) as the rows' constants.
 
 Where this differs from ``offload_timeline`` (deadlines and freeing without the recomputations'
 time and the reload stream's contention, the rows' relaxation of the peak), the plan is judged by
-the simulator: ``offload_program`` re-solves at a lowered budget while the simulated peak
-overshoots, and the plan's peak and times come from ``offloaded_curve`` only.
+the simulator: ``offload_program`` repairs a plan that overshoots by offloading more, and re-solves
+with the peak search's cut rows or at a lowered budget; the plan's peak and times come from
+``offloaded_curve`` only.
 """
 
 from __future__ import annotations
