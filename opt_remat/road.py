@@ -203,9 +203,9 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
 
 def offloads_of(prepared: PreparedGraph, request: SolveRequest, plan: Plan) -> Plan:
     """``plan`` with the values the graph asks to offload (MUST_CPU_OFFLOAD, ``should_offload``
-    marks; PREFER_CPU_OFFLOAD with ``request.offload`` and no peak budget, where nothing is weighed)
-    and those it chose itself."""
-    prefer = request.offload and request.peak_budget is None
+    marks; PREFER_CPU_OFFLOAD with ``request.offload`` and no peak or device budget, where nothing
+    is weighed) and those it chose itself."""
+    prefer = request.offload and request.peak_budget is None and request.device_memory is None
     return with_offloads(prepared.problem, plan, prepared.module, offload=prefer, extra=plan.offloaded)
 
 
