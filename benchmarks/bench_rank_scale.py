@@ -137,7 +137,9 @@ def run_offload(model: str, device: int, caps: list[int], solvers: list[str | No
             program = plan.extra.get("offload_program")
             note = ""
             if program is not None and "greedy" in plan.extra:
-                note = " (the program's plan)"
+                greedy = plan.extra["greedy"]
+                note = " (the program's plan" + ("" if greedy is None else
+                                                 f"; the chooser's added {greedy['added_s'] * 1e3:.2f} ms") + ")"
             elif program is not None:
                 note = (f" (the chooser's plan; the program's added {program['added_s'] * 1e3:.2f} ms)"
                         if program.get("fitted") else " (the chooser's plan; the program's plans did not fit)")
