@@ -21,7 +21,8 @@ that fits the same budget, solve seconds; the default's cost, peak and seconds.
 budget gets offload rows through the road (``road.solve_problem`` with ``offload=True``, h100's
 50 GB/s host link, 1 MiB threshold, no host cap): for the default and ``cpsat``, without and with
 offload, the recompute ms, offloaded GiB, exposed transfer ms and predicted added step time
-(recompute + exposed transfer) by the model of ``solvers.offload``.
+(recompute + exposed transfer) by the model of ``solvers.offload``; for cpsat the offload
+program (``solvers.mip_offload``) runs too and the note says whose plan was kept.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ def _default_columns(problem, budget: int, lam: float, unit: int, t_scale: float
 
 
 def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, row, t_scale: float,
-                  t_name: str) -> None:
-    """Per budget, the default and cpsat without and with offload, through the road."""
+                  t_name: str, solvers: list[str | None]) -> None:
+    """Per budget, each solver (None: the default) without and with offload, through the road."""
     for fraction, budget in budgets:
-        for solver in (None, "cpsat"):
+        for solver in solvers:
             opts = {"time_limit_s": time_limit} if solver else {}
             for offload in (False, True):
                 request = make_request(solver, peak_budget=budget, options=opts, offload=offload)
@@ -106,7 +107,22 @@ def _offload_rows(problem, budgets: list[tuple[float, int]], time_limit: float, 
                     "offloaded GiB": f"{cost.host_bytes / GIB:.2f}",
                     f"exposed {t_name}": f"{cost.exposed_s * t_scale:.2f}",
                     f"added {t_name}": f"{cost.added_s * t_scale:.2f}", "solve s": f"{time.perf_counter() - start:.1f}",
-                    "note": f"{len(plan.offloaded)} offloaded" if offload else ""})
+                    "note": (f"{len(plan.offloaded)} offloaded" + _program_note(plan, t_scale, t_name)
+                             if offload else "")})
+
+
+def _program_note(plan, t_scale: float, t_name: str) -> str:
+    """Whose plan it is where the offload program ran (cpsat): the program's or the chooser's."""
+    program = plan.extra.get("offload_program")
+    if program is None:
+        return ""
+    if "greedy" in plan.extra:
+        greedy = plan.extra["greedy"]
+        return ("; the program's plan" + ("" if greedy is None else
+                f" (the chooser's added {greedy['added_s'] * t_scale:.2f} {t_name})"))
+    if program.get("fitted"):
+        return f"; the chooser's plan (the program's added {program['added_s'] * t_scale:.2f} {t_name})"
+    return "; the chooser's plan (the program's plans did not fit)"
 
 
 def main() -> None:
@@ -117,6 +133,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--no-smallest", action="store_true", help="skip the smallest-peak search (a time limit each)")
     ap.add_argument("--offload", action="store_true", help="offload rows only: default and cpsat, without and with")
+    ap.add_argument("--offload-solvers", nargs="+", default=["default", "cpsat"], help="the offload rows' solvers")
     args = ap.parse_args()
     # the sweep's remembered plans stay out of the user's cache
     os.environ["OPT_REMAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-peak-scale-")
@@ -151,7 +168,8 @@ def main() -> None:
         row("min-cut (lam auto)", mc_peak, mc.recompute_cost)
         if args.offload:
             budgets = [(f, int(f * mc_peak)) for f in sorted(args.fractions)]
-            _offload_rows(problem, budgets, args.time_limit, row, t_scale, t_name)
+            _offload_rows(problem, budgets, args.time_limit, row, t_scale, t_name,
+                          [None if s == "default" else s for s in args.offload_solvers])
             continue
         checkpoints = []
         for plan in uniform_checkpoints(problem, (1, 2, 4, 8)):

@@ -34,6 +34,7 @@ from solvers.budget import Fraction, format_bytes, parse_budget
 from solvers.device_budget import device_budget
 from solvers.rank_memory import with_rank_memory
 from solvers.offload import HostLink
+from solvers.mip_offload import offload_program
 from solvers.offload_plan import choose_offload
 
 from . import plan_memory
@@ -58,6 +59,9 @@ from .torch_budget import (
 from .torch_reference import torch_plan, torch_runtime_optimized_saved
 
 log = logging.getLogger("opt_remat")
+# the offload program's time limit: the solver's, and at least this (on a 7B graph its first plan
+# took HiGHS ~60 s of a loaded 2-core machine; with 30 s it found none)
+PROGRAM_TIME_S = 120.0
 
 Canonical = tuple[list[dict[str, Any]], str]
 
@@ -199,9 +203,9 @@ def plan_for(prepared: PreparedGraph, request: SolveRequest, requested: Any = No
 
 def offloads_of(prepared: PreparedGraph, request: SolveRequest, plan: Plan) -> Plan:
     """``plan`` with the values the graph asks to offload (MUST_CPU_OFFLOAD, ``should_offload``
-    marks; PREFER_CPU_OFFLOAD with ``request.offload`` and no peak budget, where nothing is weighed)
-    and those it chose itself."""
-    prefer = request.offload and request.peak_budget is None
+    marks; PREFER_CPU_OFFLOAD with ``request.offload`` and no peak or device budget, where nothing
+    is weighed) and those it chose itself."""
+    prefer = request.offload and request.peak_budget is None and request.device_memory is None
     return with_offloads(prepared.problem, plan, prepared.module, offload=prefer, extra=plan.offloaded)
 
 
@@ -225,14 +229,8 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
         lam = opts.get("lam", "auto")
         opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
     steer = steered(problem, must_save)
-    if request.device_memory is not None:
-        plan = _device_plan(steer, request, budget, opts, memory)
-    elif request.peak_budget is not None and request.offload:
-        plan = peak_plan_with_offload(steer, request, budget, opts, memory, must_offload)
-    elif request.peak_budget is not None:
-        plan = choose_peak_plan(steer, request.solver, request.peak_budget, budget, opts,
-                                default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
-                                memory=memory)
+    if request.device_memory is not None or request.peak_budget is not None:
+        plan = _peak_plan(steer, request, budget, opts, memory, must_offload)
     elif request.solver is None:
         split = default_solver_options(opts, mode)
         plan = choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
@@ -242,13 +240,43 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     return dataclasses.replace(realized, offloaded=plan.offloaded & realized.saved) if plan.offloaded else realized
 
 
+def _peak_plan(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
+               memory: plan_memory.GraphKey | None, must_offload: frozenset[str]) -> Plan:
+    """The one peak branch: a peak budget, or a device budget (refused up front where the rank's
+    states leave no room for the graph, ``DeviceBudgetError`` with the breakdown, else a peak solve
+    on the problem whose simulation counts the rank's whole memory); with ``request.offload`` the
+    peak plan goes on to the offload choice on that same problem."""
+    peak, device = request.peak_budget, request.device_memory is not None
+    if request.device_memory is not None:
+        setup = request.rank_setup
+        assert setup is not None
+        device_budget(problem, setup, request.device_memory)
+        problem, peak = with_rank_memory(problem, setup), request.device_memory
+    assert peak is not None
+    if request.offload:
+        return peak_plan_with_offload(problem, request, budget, opts, memory, must_offload, peak=peak, device=device)
+    return choose_peak_plan(problem, request.solver, peak, budget, opts, default_lam=auto_lam(request.profile),
+                            count_gradients=request.count_gradients, memory=memory, device=device)
+
+
+# solvers that run the offload program, and its engine: HiGHS for all, as the peak search's
+# relaxation (cpsat and milp name the peak search under a peak budget); CP-SAT found no plan in
+# 2 x 60 s on the 7B FSDP graph where HiGHS found one (docs/benchmarks.md)
+PROGRAM_ENGINES = {"cpsat": "highs", "milp": "highs", "peak-search": "highs"}
+
+
 def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
-                           memory: plan_memory.GraphKey | None, must_offload: frozenset[str]) -> Plan:
+                           memory: plan_memory.GraphKey | None, must_offload: frozenset[str], *,
+                           peak: int | None = None, device: bool = False) -> Plan:
     """The peak plan handed to the offload chooser; where no plan fits without offload, the least
-    peak one found is, and offload may make it fit."""
-    assert request.peak_budget is not None
-    peak = request.peak_budget
-    kw: dict[str, Any] = {"default_lam": auto_lam(request.profile), "count_gradients": request.count_gradients}
+    peak one found is, and offload may make it fit. With ``cpsat``, ``milp`` or ``peak-search`` the
+    offload program (``solvers.mip_offload``) runs from the chooser's plan too, and its plan is
+    taken where the simulator says it adds less time. ``peak``: the budget (default the
+    request's peak budget; a device budget's on the rank's problem, ``device``)."""
+    peak = request.peak_budget if peak is None else peak
+    assert peak is not None
+    kw: dict[str, Any] = {"default_lam": auto_lam(request.profile), "count_gradients": request.count_gradients,
+                          "device": device}
     failure: PeakBudgetError | None = None
     try:
         plan = choose_peak_plan(problem, request.solver, peak, budget, opts, memory=memory, **kw)
@@ -257,25 +285,26 @@ def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int 
             raise
         failure = exc
         plan = choose_peak_plan(problem, request.solver, exc.min_peak, budget, opts, **kw)
-    chosen = choose_offload(problem, plan, peak, offload_link(request), budget=budget, must=must_offload,
+    link = offload_link(request)
+    chosen = choose_offload(problem, plan, peak, link, budget=budget, must=must_offload,
                             count_gradients=request.count_gradients)
+    engine = PROGRAM_ENGINES.get(request.solver or "")
+    if engine is not None:
+        found = offload_program(problem, chosen, peak, link, budget=budget, must=must_offload,
+                                count_gradients=request.count_gradients, engine=engine,
+                                time_limit_s=max(float(opts.get("time_limit_s", 0.0)), PROGRAM_TIME_S))
+        greedy: Any = chosen.extra.get("offload")
+        mine: Any = {} if found is None else found.extra
+        if found is not None and (greedy is None or mine["offload"]["added_s"] < greedy["added_s"]):
+            chosen = dataclasses.replace(found, extra={**mine, "greedy": greedy})
+        else:  # the chooser's plan stays; what the program found is noted beside it
+            noted = {"engine": engine, "fitted": False} if found is None else {
+                **mine["offload_program"], "fitted": True, "added_s": mine["offload"]["added_s"]}
+            chosen = dataclasses.replace(chosen, extra={**chosen.extra, "offload_program": noted})
     if failure is not None and "offload" not in chosen.extra:
         failure.args = (failure.args[0] + " (without offload; with it no plan found fits either)",)
         raise failure
     return chosen
-
-
-def _device_plan(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
-                 memory: plan_memory.GraphKey | None) -> Plan:
-    """A device budget: refused up front where the rank's states leave no room for the graph
-    (``DeviceBudgetError``, with the breakdown and what would fit), else a peak solve on the
-    problem whose simulation counts the rank's whole memory."""
-    setup = request.rank_setup
-    assert setup is not None and request.device_memory is not None
-    device_budget(problem, setup, request.device_memory)
-    return choose_peak_plan(with_rank_memory(problem, setup), request.solver, request.device_memory, budget, opts,
-                            default_lam=auto_lam(request.profile), count_gradients=request.count_gradients,
-                            memory=memory, device=True)
 
 
 def lower(prepared: PreparedGraph, plan: Plan, request: SolveRequest | None = None,

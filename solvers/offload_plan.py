@@ -223,3 +223,16 @@ def _drop_unneeded(search: _Search, plan: Plan, off: frozenset[str], cost: Offlo
         if found is not None and found.added_s < cost.added_s:
             off, cost = off - {v}, found
     return off, cost
+
+
+def fit_offloads(problem: Problem, saved: Iterable[str], offloaded: Iterable[str], peak_budget: int,
+                 link: HostLink, *, budget: int | None = None) -> tuple[Plan, frozenset[str], OffloadCost] | None:
+    """A saved set made to fit by offloading: ``offloaded`` and the fewest more of its candidates
+    in forward order (the chooser's fit); None where even all of them do not fit. The repair of
+    another planner's plan (``solvers.mip_offload``) that overshoots the budget by the simulator."""
+    search = _Search(problem, link, peak_budget, budget, frozenset(offloaded), time.perf_counter() + TIME_LIMIT_S)
+    plan = search.plan(saved)
+    if plan is None:
+        return None
+    fitted = search.fit(plan)
+    return None if fitted is None else (plan, search.effective(plan, fitted[0]), fitted[1])

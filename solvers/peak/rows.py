@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Iterator
 
 from ..liveness import graph_share
@@ -269,10 +270,14 @@ def at_least_one(m: Any, lits: list[Any]) -> Any:
     return t
 
 
-def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: PeakRows, peak_budget: int) -> None:
+def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: PeakRows, peak_budget: int, *,
+                  segments: Mapping[str, list[tuple[int, int, tuple[Any, ...]]]] | None = None,
+                  literals: Callable[[tuple[Any, ...]], list[Any] | None] | None = None,
+                  forward_terms: Sequence[tuple[int, Any]] = ()) -> None:
     """Write the relaxation into a CP-SAT model ``m`` over the program's booleans ``x``. Bytes are
     counted in units rounded down (constants too), so the written conditions are implied by the
-    exact ones: the relaxation stays a relaxation."""
+    exact ones: the relaxation stays a relaxation. ``segments``, ``literals`` and ``forward_terms``
+    (bytes, literal) at the forward's end: another program's conditions (``solvers.mip_offload``)."""
     from ortools.sat.python import cp_model
 
     size = problem.storage_size
@@ -289,7 +294,8 @@ def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: Pe
             fw[var] = fw.get(var, 0) + q(size[g])
     fw = {v: c for v, c in fw.items() if c > 0}
     if fw:
-        m.add(cp_model.LinearExpr.weighted_sum([x[v] for v in fw], list(fw.values()))
+        m.add(cp_model.LinearExpr.weighted_sum([x[v] for v in fw] + [lit for _, lit in forward_terms],
+                                               list(fw.values()) + [q(b) for b, _ in forward_terms])
               <= cap - q(rows.outputs_bytes))
 
     steps = rows.kept_steps()
@@ -310,12 +316,13 @@ def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: Pe
         if a > 0:
             joins.setdefault(a - 1, []).append((-coef, literal))
 
-    for g, segs in storage_segments(problem, rows).items():
+    for g, segs in (storage_segments(problem, rows) if segments is None else segments).items():
         c = q(size[g])
         if c <= 0:
             continue
         for lo, hi, active in elementary_spans(rows, g, segs):
-            conjs = [conj for conj in (condition_literals(cond, x, model) for cond in active)
+            conjs = [conj for conj in (condition_literals(cond, x, model) if literals is None else literals(cond)
+                                       for cond in active)
                      if conj is not None]
             lits = [conj[0] if len(conj) == 1 else tuple(conj) for conj in conjs]
             if not lits:
