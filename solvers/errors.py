@@ -7,7 +7,12 @@ errors are in ``opt_remat.errors``. Torch-free, like the rest of ``solvers``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .budget import format_bytes
+
+if TYPE_CHECKING:  # for the annotation only: the step model imports this module
+    from .step import StepPeak
 
 
 class OptRematError(Exception):
@@ -77,3 +82,16 @@ class TrainingSetupError(OptRematError, ValueError):
 class DeviceBudgetError(OptRematError, ValueError):
     """The rank's states alone do not fit the device: says the breakdown and what would fit
     (``solvers.device_budget``)."""
+
+
+class StepBudgetError(InfeasibleError):
+    """No combination of the graphs' candidate plans fits the step's budget: names the lowest
+    step peak found, where it falls and its split by kind."""
+
+    def __init__(self, budget: int, lowest: StepPeak | None) -> None:
+        self.budget, self.lowest = budget, lowest
+        where = "" if lowest is None else (
+            f"; the lowest step peak found is {format_bytes(lowest.total)} at {lowest.at} ("
+            + ", ".join(f"{k.value} {format_bytes(v)}" for k, v in lowest.by_kind.items()) + ")")
+        super().__init__(f"no plans for the step's graphs fit the budget of {format_bytes(budget)}{where}; "
+                         "raise the budget, or train with less held per layer (FSDP, a bf16 optimizer state)")

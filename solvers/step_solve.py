@@ -14,26 +14,13 @@ from typing import Iterable, Mapping, Sequence
 
 from .baselines import inputs_only, save_all, uniform_checkpoints
 from .budget import format_bytes
-from .errors import InfeasibleError
+from .errors import StepBudgetError
 from .fast_peak import fast_peak_plan
 from .memory_kinds import MemoryKind as K
 from .mincut import lam_range, mincut_under_budget, solve_mincut
 from .problem import Plan, Problem, Status, plan_from_saved
 from .step import GraphStats, Step, StepPeak, copy_rank, input_kinds, stats_peak, with_boundaries
 from .training import TrainingSetup
-
-
-class StepBudgetError(InfeasibleError):
-    """No combination of the graphs' candidate plans fits the step's budget: names the lowest
-    step peak found, where it falls and its split by kind."""
-
-    def __init__(self, budget: int, lowest: StepPeak | None) -> None:
-        self.budget, self.lowest = budget, lowest
-        where = "" if lowest is None else (
-            f"; the lowest step peak found is {format_bytes(lowest.total)} at {lowest.at} ("
-            + ", ".join(f"{k.value} {format_bytes(v)}" for k, v in lowest.by_kind.items()) + ")")
-        super().__init__(f"no plans for the step's graphs fit the budget of {format_bytes(budget)}{where}; "
-                         "raise the budget, or train with less held per layer (FSDP, a bf16 optimizer state)")
 
 
 @dataclass(frozen=True)

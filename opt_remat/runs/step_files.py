@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 from solvers.budget import format_bytes
 from solvers.step import Step, StepGraph
-from solvers.step_solve import StepBudgetError, solve_step
+from solvers.errors import StepBudgetError
+from solvers.step_solve import solve_step
 from solvers.training import TrainingSetup
 
 from ..formats.step_plan import step_document

@@ -16,7 +16,8 @@ from solvers.memory_kinds import MemoryKind as K
 from solvers.problem import Parameter
 from solvers.rank_memory import RankModel
 from solvers.step import Step, StepGraph, graph_stats, step_peak
-from solvers.step_solve import StepBudgetError, solve_step
+from solvers.errors import StepBudgetError
+from solvers.step_solve import solve_step
 from solvers.training import TrainingSetup
 
 F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
