@@ -178,6 +178,27 @@ def _caused_by(exc: BaseException | None, kind: type) -> bool:
     return False
 
 
+def recording_backend(compiler: str, decompositions: Any) -> tuple[list[JointGraph], Callable[..., Any]]:
+    """A backend that compiles as opt-remat's does and records each joint graph handed to its
+    partitioner (a copy, unfaked) in the list returned beside it."""
+    seen: list[JointGraph] = []
+
+    def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
+        seen.append(JointGraph(_deepcopy_unfaked(joint), kw["num_fwd_outputs"],
+                               kw.get("static_lifetime_input_indices"), roles))
+
+    return seen, _capturing_backend(compiler, decompositions, record)
+
+
+def built_module(model: torch.nn.Module | Callable[[], torch.nn.Module], fake_mode: FakeTensorMode | None,
+                 dtype: torch.dtype | None) -> torch.nn.Module:
+    """The model to capture: a factory built (under ``fake_mode`` where given), a module as it is."""
+    if fake_mode is not None and not isinstance(model, torch.nn.Module):
+        return _build_fake(model, fake_mode, dtype)
+    with _default_dtype(dtype):
+        return model() if not isinstance(model, torch.nn.Module) else model
+
+
 def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], example_inputs: Sequence[Any], *,
                    compiler: str = "eager", decompositions: Any = "inductor", meta: bool = False,
                    dtype: torch.dtype | None = None, seed: int = 0, fullgraph: bool = False) -> list[JointGraph]:
@@ -191,21 +212,11 @@ def capture_graphs(model: torch.nn.Module | Callable[[], torch.nn.Module], examp
     initializing, and its weights made fake before the step runs.
     ``dtype`` is the default dtype while the model is built.
     """
-    seen: list[JointGraph] = []
-
-    def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
-        seen.append(JointGraph(_deepcopy_unfaked(joint), kw["num_fwd_outputs"],
-                               kw.get("static_lifetime_input_indices"), roles))
-
-    be = _capturing_backend(compiler, decompositions, record)
+    seen, be = recording_backend(compiler, decompositions)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if meta else None
     torch._dynamo.reset()
     try:
-        if fake_mode is not None and not isinstance(model, torch.nn.Module):
-            module = _build_fake(model, fake_mode, dtype)
-        else:
-            with _default_dtype(dtype):
-                module = model() if not isinstance(model, torch.nn.Module) else model
+        module = built_module(model, fake_mode, dtype)
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
             if fake_mode is not None:
                 example_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x

@@ -25,7 +25,7 @@ from solvers.step import Step, StepGraph
 from solvers.step_parts import eager_saved, root_parts
 
 from . import road
-from .capture import JointGraph, _build_fake, _capturing_backend, _deepcopy_unfaked, _default_dtype, capture_graphs
+from .capture import JointGraph, built_module, capture_graphs, recording_backend
 from .errors import CaptureError
 from .request import SolveRequest
 
@@ -46,21 +46,13 @@ def capture_step(model: torch.nn.Module | Callable[[], torch.nn.Module], example
     """Each module of the list at ``per_layer`` compiled on its own as training compiles it
     (``torch.compile(layer, backend=opt_remat.backend(...))``), the rest eager; and the step as
     one graph. Arguments as ``capture.capture_graphs`` takes them."""
-    seen: list[JointGraph] = []
-
-    def record(joint: fx.GraphModule, kw: dict[str, Any], roles: list[str]) -> None:
-        seen.append(JointGraph(_deepcopy_unfaked(joint), kw["num_fwd_outputs"],
-                               kw.get("static_lifetime_input_indices"), roles))
-
-    be = _capturing_backend(compiler, decompositions, record)
+    seen, be = recording_backend(compiler, decompositions)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if meta else None
     torch._dynamo.reset()
     try:
-        if fake_mode is not None and not isinstance(model, torch.nn.Module):
-            module = _build_fake(model, fake_mode, dtype)
-        else:
-            with _default_dtype(dtype):
-                module = model() if not isinstance(model, torch.nn.Module) else copy.deepcopy(model)
+        module = built_module(model, fake_mode, dtype)
+        if module is model:
+            module = copy.deepcopy(module)  # the compiled layers stay off the caller's model
         layers = _layer_list(module, per_layer)
         for layer in layers:
             layer.compile(backend=be)

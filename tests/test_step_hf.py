@@ -72,6 +72,23 @@ def test_a_step_plan_applied_per_layer_is_measured_within_5_percent():
     assert abs(row["error"]) <= 0.05, row
 
 
+def _step_config(tmp_path, *, capture: str, budget: str):
+    """A run config of the tiny LLaMA captured per decoder layer, with one budget and the default."""
+    import json
+
+    cfg = tmp_path / "step.yaml"
+    cfg.write_text(f"""
+model:
+  factory: opt_remat.hf:causal_lm
+  kwargs: {{architecture: LlamaForCausalLM, config: {json.dumps(TINY)}}}
+  inputs: [{{shape: [2, 16], dtype: int64, high: 128}}]
+capture: {{{capture}, per_layer: model.model.layers}}
+budgets: [{{{budget}}}]
+solvers: [default]
+""")
+    return cfg
+
+
 def test_solve_plans_the_step_and_each_layer_applies_its_plan(tmp_path, capsys):
     import json
 
@@ -80,16 +97,7 @@ def test_solve_plans_the_step_and_each_layer_applies_its_plan(tmp_path, capsys):
     import opt_remat
     from opt_remat.cli import main
 
-    cfg = tmp_path / "step.yaml"
-    cfg.write_text(f"""
-model:
-  factory: opt_remat.hf:causal_lm
-  kwargs: {{architecture: LlamaForCausalLM, config: {json.dumps(TINY)}}}
-  inputs: [{{shape: [2, 16], dtype: int64, high: 128}}]
-capture: {{decompositions: none, per_layer: model.model.layers}}
-budgets: [{{peak: 2MiB}}]
-solvers: [default]
-""")
+    cfg = _step_config(tmp_path, capture="decompositions: none", budget="peak: 2MiB")
     plan = tmp_path / "plan.json"
     assert main(["solve", str(cfg), "-o", str(plan)]) == 0
     doc = json.loads(plan.read_text())
@@ -110,21 +118,11 @@ solvers: [default]
 
 
 def test_a_budget_the_step_cannot_meet_is_refused_with_the_lowest_peak(tmp_path, capsys):
-    import json
     import re
 
     from opt_remat.cli import main
 
-    cfg = tmp_path / "step.yaml"
-    cfg.write_text(f"""
-model:
-  factory: opt_remat.hf:causal_lm
-  kwargs: {{architecture: LlamaForCausalLM, config: {json.dumps(TINY)}}}
-  inputs: [{{shape: [2, 16], dtype: int64, high: 128}}]
-capture: {{meta: true, decompositions: none, per_layer: model.model.layers}}
-budgets: [{{device: 100KiB}}]
-solvers: [default]
-""")
+    cfg = _step_config(tmp_path, capture="meta: true, decompositions: none", budget="device: 100KiB")
     assert main(["solve", str(cfg), "-o", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert re.search(r"budget device 100KiB: no plans for the step's graphs fit the budget of 100\.00 KiB; the "
