@@ -7,12 +7,9 @@ errors are in ``opt_remat.errors``. Torch-free, like the rest of ``solvers``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol
 
 from .budget import format_bytes
-
-if TYPE_CHECKING:  # for the annotation only: the step model imports this module
-    from .step import StepPeak
 
 
 class OptRematError(Exception):
@@ -84,11 +81,20 @@ class DeviceBudgetError(OptRematError, ValueError):
     (``solvers.device_budget``)."""
 
 
+class StepPeakLike(Protocol):  # solvers.step.StepPeak (named here only: the step model imports this module)
+    @property
+    def total(self) -> int: ...
+    @property
+    def at(self) -> str: ...
+    @property
+    def by_kind(self) -> Mapping[Any, int]: ...
+
+
 class StepBudgetError(InfeasibleError):
     """No combination of the graphs' candidate plans fits the step's budget: names the lowest
     step peak found, where it falls and its split by kind."""
 
-    def __init__(self, budget: int, lowest: StepPeak | None) -> None:
+    def __init__(self, budget: int, lowest: StepPeakLike | None) -> None:
         self.budget, self.lowest = budget, lowest
         where = "" if lowest is None else (
             f"; the lowest step peak found is {format_bytes(lowest.total)} at {lowest.at} ("
