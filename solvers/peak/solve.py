@@ -9,7 +9,8 @@ with recomputation just in time; values freed after their last use). ``peak_sear
   of ``solvers.peak.rows`` solved by HiGHS (which also proves budgets infeasible), raised by
   cutting planes where its plan overshoots the simulation (``solvers.peak.cuts``);
 * plans that fit, judged by the exact simulation: cheap candidates (``solvers.peak.candidates``:
-  min-cut, checkpointing, callers' plans); the relaxation's plans, re-solved at lowered budgets
+  min-cut, checkpointing, callers' plans, and the fast default's plan (``solvers.fast_peak``),
+  computed first and inside the time limit, so the search never returns a costlier plan); the relaxation's plans, re-solved at lowered budgets
   and repaired where they nearly fit (``solvers.peak.repair``); on graphs of repeated layers, a
   dynamic program over the layers taking each from a different plan (``solvers.peak.layers``);
   grafts of the cheaper plans that overshoot onto the best one that fits (``solvers.peak.graft``);
@@ -34,6 +35,8 @@ from .schedule import run_schedule
 from .state import Clock, PeakState
 
 _DEFAULTS = PeakSearchOptions()
+# above this share of the time limit spent on the fast default's plan, the plan's message says so
+DEFAULT_SHARE_NOTE = 0.5
 
 
 def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
@@ -61,11 +64,33 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
     # best plan so far, as inside a native solve (solvers.interrupt)
     with interrupt.stop_on_sigint(lambda: None):
         clock = Clock(options.time_limit_s, len(problem.candidates))
-        frontier = frontier_plans(problem) + caller_plans(problem, [set(c) for c in candidates])
+        candidates = [set(c) for c in candidates]
+        # the fast default's plan first (its time counts in the limit): the search never returns
+        # a costlier plan than the default's at the same budget (issues #41/#43)
+        default = _default_plan(problem, peak_budget, budget, candidates)
+        frontier = frontier_plans(problem) + caller_plans(problem, candidates) + default
         state = PeakState(problem, peak_budget, budget, clock=clock, threads=options.threads, seed=options.seed,
                           gap=options.gap, frontier=frontier)
         run_schedule(state)
-        return _result(state)
+        plan = _result(state)
+        share = default[0][0].solve_time_s / max(float(options.time_limit_s), 1e-9) if default else 0.0
+        if share > DEFAULT_SHARE_NOTE:
+            plan = replace(plan, extra={**plan.extra, "default_share": share},
+                           message=plan.message + f"; the fast default's plan (its start) took {share:.0%} "
+                                                  "of the time limit")
+        return plan
+
+
+def _default_plan(problem: Problem, peak_budget: int, budget: int | None,
+                  candidates: list[set[str]]) -> list[tuple[Plan, int]]:
+    """The fast default's plan (``solvers.fast_peak``) with its simulated peak; none where it
+    refuses. Imported here: ``solvers.fast_peak`` builds on this package's modules."""
+    from ..fast_peak import fast_peak_plan
+    try:
+        plan = fast_peak_plan(problem, peak_budget, budget, candidates=candidates)
+    except PeakInfeasibleError:
+        return []
+    return [(replace(plan, solver="fast default"), plan.extra["peak"])]
 
 
 def _result(state: PeakState) -> Plan:
