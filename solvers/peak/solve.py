@@ -12,7 +12,8 @@ with recomputation just in time; values freed after their last use). ``peak_sear
   min-cut, checkpointing, callers' plans, and the fast default's plan (``solvers.fast_peak``),
   computed first and inside the time limit, so the search never returns a costlier plan); the
   relaxation's plans, re-solved at lowered budgets and repaired where they nearly fit
-  (``solvers.peak.repair``); on graphs of repeated layers, a dynamic program over the layers taking each from a different plan (``solvers.peak.layers``);
+  (``solvers.peak.repair``); on graphs of repeated layers, a dynamic program over the layers
+  taking each from a different plan (``solvers.peak.layers``);
   grafts of the cheaper plans that overshoot onto the best one that fits (``solvers.peak.graft``);
   the local search of ``solvers.peak.search`` from all, until it stalls (on big graphs only while
   no plan fits);
