@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import cast
 
 from .. import interrupt, progress
 from ..budget import format_bytes
@@ -65,21 +66,24 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
     # best plan so far, as inside a native solve (solvers.interrupt)
     with interrupt.stop_on_sigint(lambda: None):
         clock = Clock(options.time_limit_s, len(problem.candidates))
-        candidates = [set(c) for c in candidates]
+        starts = [set(c) for c in candidates]
         # the fast default's plan first (its time counts in the limit): the search never returns
         # a costlier plan than the default's at the same budget (issues #41/#43)
-        default = _default_plan(problem, peak_budget, budget, candidates)
-        frontier = frontier_plans(problem) + caller_plans(problem, candidates) + default
+        default = _default_plan(problem, peak_budget, budget, starts)
+        frontier = frontier_plans(problem) + caller_plans(problem, starts) + default
         state = PeakState(problem, peak_budget, budget, clock=clock, threads=options.threads, seed=options.seed,
                           gap=options.gap, frontier=frontier)
         run_schedule(state)
         plan = _result(state)
-        share = default[0][0].solve_time_s / max(float(options.time_limit_s), 1e-9) if default else 0.0
-        if share > DEFAULT_SHARE_NOTE:
-            plan = replace(plan, extra={**plan.extra, "default_share": share},
-                           message=plan.message + f"; the fast default's plan (its start) took {share:.0%} "
-                                                  "of the time limit")
-        return plan
+        if not default:
+            return plan
+        spent = default[0][0].solve_time_s
+        plan = replace(plan, extra={**plan.extra, "default_time_s": spent})
+        share = spent / max(float(options.time_limit_s), 1e-9)
+        if share <= DEFAULT_SHARE_NOTE:
+            return plan
+        return replace(plan, message=plan.message + f"; the fast default's plan (its start) took {share:.0%} "
+                                                    "of the time limit")
 
 
 def _default_plan(problem: Problem, peak_budget: int, budget: int | None,
@@ -91,7 +95,7 @@ def _default_plan(problem: Problem, peak_budget: int, budget: int | None,
         plan = fast_peak_plan(problem, peak_budget, budget, candidates=candidates)
     except PeakInfeasibleError:
         return []
-    return [(replace(plan, solver="fast default"), plan.extra["peak"])]
+    return [(replace(plan, solver="fast default"), int(cast(int, plan.extra["peak"])))]
 
 
 def _result(state: PeakState) -> Plan:
