@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import interrupt
 from ..liveness import simulate_plan
 from ..mip_model import build_model, presolve
 from ..errors import PlanError
@@ -79,6 +80,8 @@ def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None,
     bound = got_bound if status == "optimal" else None
     max_over = None if len(problem.candidates) <= CUT_ANY_MAX_VALUES else CUT_MAX_OVER * peak_budget
     for _ in range(cut_rounds):
+        if interrupt.requested():  # Ctrl-C: the plans so far (the peak search starts from them)
+            break
         if last is None or out[-1][1] <= peak_budget or max_over is not None and out[-1][1] - peak_budget > max_over:
             break
         plan, curve = last
@@ -98,6 +101,8 @@ def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None,
         last = again or last
     target = peak_budget
     for _ in range(lowered):
+        if interrupt.requested():
+            break
         over = min(peak for _, peak in out) - peak_budget if out else 0
         if over <= 0 or over > RESOLVE_MAX_OVER * peak_budget:
             break
