@@ -188,9 +188,13 @@ def spend_step(step: Step, choice: Mapping[str, GraphStats], free: Sequence[str]
             for v in _ranked(problem, out[k].saved, rejected):
                 if left <= 0:
                     break
-                saved = out[k].saved | {v}
-                if v in out[k].saved or problem.recompute_cost(recompute_closure(problem, saved)[0]) >= out[k].cost:
-                    continue  # saved back, or no longer recomputed, since the ranking
+                if v in out[k].saved:
+                    continue
+                # what the backward no longer reads is let go: kept, it would only add to the peak
+                plan = plan_from_saved(problem, out[k].saved | {v}, solver="step", status=Status.HEURISTIC)
+                saved = plan.saved | (out[k].saved & frozenset(input_kinds(problem)[1]))
+                if plan.recompute_cost >= out[k].cost:
+                    continue  # no longer recomputed since the ranking
                 left -= 1
                 cand = step.stats(k, saved)
                 if cand.cost < out[k].cost and stats_peak(step, {**out, k: cand}, ranks, setup).total <= budget:
