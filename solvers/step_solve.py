@@ -18,7 +18,7 @@ from .errors import StepBudgetError
 from .fast_peak import fast_peak_plan
 from .memory_kinds import MemoryKind as K
 from .mincut import lam_range, mincut_under_budget, solve_mincut
-from .problem import Plan, Problem, Status, plan_from_saved
+from .problem import Plan, Problem, Status, plan_from_saved, recompute_closure
 from .step import GraphStats, Step, StepPeak, copy_rank, input_kinds, stats_peak, with_boundaries
 from .training import TrainingSetup
 
@@ -38,6 +38,7 @@ class StepPlans:
 CAPS = 12  # caps on what a copy holds tried per free graph (between its plans' least and most)
 REFINE = 3  # finer caps on each side of the cheapest plan that fits
 MAX_COMBINATIONS = 20_000  # beyond this, one graph at a time (the others kept)
+SPEND_EVALUATIONS = 400  # step-model evaluations spending the budget the best combination leaves
 
 
 def _checkpoints(problem: Problem, everies: Sequence[int]) -> list[Plan]:
@@ -110,10 +111,12 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
     return list(out.values())
 
 
-def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None) -> StepPlans:
+def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None,
+               spend_evaluations: int = SPEND_EVALUATIONS) -> StepPlans:
     """The cheapest plans, one per key (fixed graphs keep theirs), whose step peak (with the rank's
-    states under ``setup``) is at most ``budget`` bytes. Raises StepBudgetError naming the lowest
-    step peak found."""
+    states under ``setup``) is at most ``budget`` bytes: the best combination of candidates, then
+    the budget it leaves spent (``spend_step``, at most ``spend_evaluations``; 0: none). Raises
+    StepBudgetError naming the lowest step peak found."""
     start = time.perf_counter()
     keys = step.keys()
     fixed = {k: step.stats(k, step.graph(k).fixed or ()) for k in keys
@@ -154,11 +157,71 @@ def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None) -> S
     if best is None:
         least = {**fixed, **{k: min(pools[k], key=lambda s: s.held) for k in free}}
         raise StepBudgetError(budget, stats_peak(step, least, ranks, setup))
-    choice = best[2]
+    combined = best[0]
+    choice = spend_step(step, best[2], free, budget, setup, spend_evaluations)
     plans = {k: _as_plan(step.graph(k).problem, choice[k], k in fixed) for k in keys}
     peak = stats_peak(step, choice, ranks, setup)
-    return StepPlans(plans, peak, best[0], time.perf_counter() - start, tried,
-                     (f"step peak {format_bytes(peak.total)} at {peak.at} under {format_bytes(budget)}",))
+    total = cost(choice)
+    notes = [f"step peak {format_bytes(peak.total)} at {peak.at} under {format_bytes(budget)}"]
+    if total < combined:
+        notes.append(f"the budget left spent: recompute {combined * 1e3:.3f} -> {total * 1e3:.3f} ms")
+    return StepPlans(plans, peak, total, time.perf_counter() - start, tried, tuple(notes))
+
+
+def spend_step(step: Step, choice: Mapping[str, GraphStats], free: Sequence[str], budget: int,
+               setup: TrainingSetup | None = None, evaluations: int = SPEND_EVALUATIONS) -> dict[str, GraphStats]:
+    """``choice`` (fitting ``budget``) with the budget it leaves spent (as ``solvers.peak.spend``
+    spends a graph's): per free key, most repeated first, save back recomputed values, the most
+    recompute removed per byte first, each kept where the step peak still fits and the cost drops.
+    The candidate plans are discrete (a cap's plan, min-cut's trade-off): the best combination
+    often peaks well under the budget. At most ``evaluations`` step-model evaluations; never costlier."""
+    ranks = {k: copy_rank(step.graph(k).problem, setup) for k in step.keys()}
+    repeats = {k: sum(g.repeat for g in step.graphs if g.key == k) for k in step.keys()}
+    out = dict(choice)
+    left = evaluations
+    for k in sorted(free, key=lambda x: (-repeats[x], step.keys().index(x))):
+        problem = step.graph(k).problem
+        rejected: set[str] = set()
+        accepted = True
+        while accepted and left > 0 and out[k].cost > 0:
+            accepted = False
+            for v in _ranked(problem, out[k].saved, rejected):
+                if left <= 0:
+                    break
+                if v in out[k].saved:
+                    continue
+                # what the backward no longer reads is let go: kept, it would only add to the peak
+                plan = plan_from_saved(problem, out[k].saved | {v}, solver="step", status=Status.HEURISTIC)
+                saved = plan.saved | (out[k].saved & frozenset(input_kinds(problem)[1]))
+                if plan.recompute_cost >= out[k].cost:
+                    continue  # no longer recomputed since the ranking
+                left -= 1
+                cand = step.stats(k, saved)
+                if cand.cost < out[k].cost and stats_peak(step, {**out, k: cand}, ranks, setup).total <= budget:
+                    out[k], accepted = cand, True
+                else:
+                    rejected.add(v)  # saving more rarely lowers the peak again: not retried
+    return out
+
+
+def _ranked(problem: Problem, saved: frozenset[str], rejected: set[str]) -> list[str]:
+    """The plan's recomputed values worth saving back, the most recompute removed (its closure's)
+    per byte its storage adds first; ties in graph order."""
+    recomputed, _ = recompute_closure(problem, saved)
+    cost = problem.recompute_cost(recomputed)
+    storages = {problem.by_name[s].storage_id for s in saved}
+    index = problem.index
+    ranked = []
+    for v in recomputed:
+        if v in rejected or not problem.can_save(v):
+            continue
+        gain = cost - problem.recompute_cost(recompute_closure(problem, saved | {v})[0])
+        sid = problem.by_name[v].storage_id
+        added = 0 if sid in storages else problem.storage_size[sid]
+        if gain > 1e-12 * max(cost, 1e-300):
+            ranked.append((-gain / max(added, 1), index[v], v))
+    ranked.sort()
+    return [v for _, _, v in ranked]
 
 
 def _as_plan(problem: Problem, stats: GraphStats, fixed: bool) -> Plan:

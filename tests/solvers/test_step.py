@@ -17,7 +17,7 @@ from solvers.problem import Parameter
 from solvers.rank_memory import RankModel
 from solvers.step import Step, StepGraph, graph_stats, step_peak
 from solvers.errors import StepBudgetError
-from solvers.step_solve import solve_step
+from solvers.step_solve import solve_step, spend_step
 from solvers.training import TrainingSetup
 
 F, B, IN = Role.FORWARD, Role.BACKWARD, Role.INPUT
@@ -148,3 +148,42 @@ def test_the_solve_is_the_cheapest_fitting_combination_it_tried():
                 assert found.cost <= 4 * graph_stats(layer, other).cost + 1e-9
     with pytest.raises(StepBudgetError, match="lowest step peak found"):
         solve_step(step, lo // 2)
+
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_spending_the_budget_is_never_worse_and_fits_the_unrolled_step(seed):
+    layer = random_layer(100 + seed, n_forward=9, n_backward=7)
+    copies = 2 + seed % 3
+    step = Step((StepGraph("layer", layer, copies),))
+    lo = step_peak(step, {"layer": inputs_only(layer).saved}).total
+    hi = step_peak(step, {"layer": save_all(layer).saved}).total
+    for budget in (lo, (lo + hi) // 2, hi):
+        for start in (solve_step(step, budget, spend_evaluations=0).plans["layer"].saved, inputs_only(layer).saved):
+            before = graph_stats(layer, start)
+            if step_peak(step, {"layer": before}).total > budget:
+                continue
+            saved = spend_step(step, {"layer": step.stats("layer", start)}, ["layer"], budget)["layer"].saved
+            assert graph_stats(layer, saved).cost <= before.cost
+            assert step_peak(step, {"layer": saved}).total <= budget
+            # cross-checked on the step unrolled into one problem: its simulation
+            chain, chain_saved = chained(layer, copies, saved)
+            assert simulator(chain).peak(chain_saved)[0] <= budget
+    # from the least-recompute plan nothing is left to spend; from inputs-only at eager's peak, all of it
+    spent = spend_step(step, {"layer": step.stats("layer", inputs_only(layer).saved)}, ["layer"], hi)["layer"]
+    assert spent.cost == 0.0
+
+
+def test_the_solve_spends_budget_the_candidates_left():
+    """A step whose best candidate combination peaks under the budget: the solve saves back values
+    until the step peak meets it, cheaper than the combination, and never costlier elsewhere."""
+    layer = random_layer(104, n_forward=9, n_backward=7)
+    step = Step((StepGraph("layer", layer, 3),))
+    lo = step_peak(step, {"layer": inputs_only(layer).saved}).total
+    hi = step_peak(step, {"layer": save_all(layer).saved}).total
+    budget = lo + (hi - lo) // 3
+    old, new = solve_step(step, budget, spend_evaluations=0), solve_step(step, budget)
+    assert old.peak.total < budget and new.cost < old.cost
+    assert old.peak.total < new.peak.total == step_peak(step, {"layer": new.plans["layer"].saved}).total <= budget
+    assert new.cost == pytest.approx(3 * graph_stats(layer, new.plans["layer"].saved).cost)
+    assert any("budget left spent" in n for n in new.notes)
