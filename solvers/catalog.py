@@ -101,6 +101,15 @@ def _fast_default(problem: Problem, peak_budget: int, budget: int | None, option
                                     count_gradients=count_gradients)
 
 
+def _peak_search(problem: Problem, peak_budget: int, budget: int | None, options: PeakSearchOptions, *,
+                 candidates: Iterable[Iterable[str]], count_gradients: bool) -> Plan:
+    # started from the fast default's plan: the exact search never returns a costlier one
+    def start(p: Problem, peak: int, saved: int | None, starts: list[set[str]]) -> Plan:
+        return fast_peak.fast_peak_plan(p, peak, saved, candidates=starts)
+    return peak_search(problem, peak_budget, budget, options, candidates=candidates,
+                       count_gradients=count_gradients, start=start)
+
+
 _BASELINE = (FREE, SAVED)
 CATALOG: dict[str, Solver] = {s.name: s for s in (
     Solver(DEFAULT, "what runs when no solver is named: without a budget, the min-cut plan at lam; "
@@ -117,7 +126,7 @@ CATALOG: dict[str, Solver] = {s.name: s for s in (
            "'peak-search'", MilpOptions, _BASELINE, run=mip.solve_mip, peak_alias="peak-search"),
     Solver("peak-search", "the peak search: a proven lower bound from HiGHS's relaxation and cut "
            "rounds, plans judged by simulation, local search; stops at its gap", PeakSearchOptions, (PEAK,),
-           run_peak=peak_search),
+           run_peak=_peak_search),
     Solver("greedy", "knapsack baseline: values by recompute cost per byte", NoOptions, _BASELINE,
            run=lambda problem, budget, options: knapsack_baseline(problem, budget, solver="greedy")),
     Solver("dp", "knapsack baseline by dynamic programming on quantized bytes", DpOptions, _BASELINE,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import cast
+from typing import Callable, cast
 
 from .. import interrupt, progress
 from ..budget import format_bytes
@@ -37,13 +37,16 @@ from .schedule import run_schedule
 from .state import Clock, PeakState
 
 _DEFAULTS = PeakSearchOptions()
+# a plan the search starts from: (problem, peak budget, saved-bytes budget, candidates) -> plan
+StartPlan = Callable[[Problem, int, "int | None", list[set[str]]], Plan]
 # above this share of the time limit spent on the fast default's plan, the plan's message says so
 DEFAULT_SHARE_NOTE = 0.5
 
 
 def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
                 options: PeakSearchOptions = _DEFAULTS, *,
-                candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
+                candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
+                start: StartPlan | None = None) -> Plan:
     """The least-recompute plan whose simulated step peak is <= ``peak_budget`` bytes, with a
     proven lower bound on the cost of every such plan (``plan.bound``; the gap in
     ``extra["gap"]``; the strategy that found it in ``extra["found_by"]``).
@@ -55,12 +58,15 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
     while no plan fits, all of it until the search stalls. Raises PeakInfeasibleError naming the
     smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
+    ``start``: a plan to start from, computed first inside the time limit (the catalog passes the
+    fast default's, ``solvers.fast_peak``: the search never returns a costlier plan than it).
     ``solvers.progress`` listeners hear of each phase, best cost and bound.
     """
     if peak_budget < 0:
         raise ValueError(f"peak_budget must be >= 0 bytes, got {peak_budget}")
     if not count_gradients:
-        plan = peak_search(without_gradients(problem), peak_budget, budget, options, candidates=candidates)
+        plan = peak_search(without_gradients(problem), peak_budget, budget, options, candidates=candidates,
+                           start=start)
         return replace(plan, extra={**plan.extra, "count_gradients": False})
     # Ctrl-C between or inside the phases (the local search is Python) stops the solve with its
     # best plan so far, as inside a native solve (solvers.interrupt)
@@ -69,7 +75,7 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
         starts = [set(c) for c in candidates]
         # the fast default's plan first (its time counts in the limit): the search never returns
         # a costlier plan than the default's at the same budget (issues #41/#43)
-        default = _default_plan(problem, peak_budget, budget, starts)
+        default = [] if start is None else _start_plan(start, problem, peak_budget, budget, starts)
         frontier = frontier_plans(problem) + caller_plans(problem, starts) + default
         state = PeakState(problem, peak_budget, budget, clock=clock, threads=options.threads, seed=options.seed,
                           gap=options.gap, frontier=frontier)
@@ -86,13 +92,11 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
                                                     "of the time limit")
 
 
-def _default_plan(problem: Problem, peak_budget: int, budget: int | None,
-                  candidates: list[set[str]]) -> list[tuple[Plan, int]]:
-    """The fast default's plan (``solvers.fast_peak``) with its simulated peak; none where it
-    refuses. Imported here: ``solvers.fast_peak`` builds on this package's modules."""
-    from ..fast_peak import fast_peak_plan
+def _start_plan(start: StartPlan, problem: Problem, peak_budget: int, budget: int | None,
+                candidates: list[set[str]]) -> list[tuple[Plan, int]]:
+    """The start's plan (the fast default's) with its simulated peak; none where it refuses."""
     try:
-        plan = fast_peak_plan(problem, peak_budget, budget, candidates=candidates)
+        plan = start(problem, peak_budget, budget, candidates)
     except PeakInfeasibleError:
         return []
     return [(replace(plan, solver="fast default"), int(cast(int, plan.extra["peak"])))]
