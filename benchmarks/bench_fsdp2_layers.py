@@ -21,8 +21,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "examples"))
 
 import bench_rank_memory as whole  # noqa: E402
+from fsdp2_llama import shard  # noqa: E402
 from fsdp_tracker import BATCH, LLAMA, SEQ, build_llama  # noqa: E402
 
 from solvers.memory_kinds import MemoryKind as K  # noqa: E402
@@ -35,7 +37,6 @@ def layer_records(reshard: bool, ranks: int, device_memory: str = "80GiB") -> li
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import opt_remat
@@ -47,11 +48,7 @@ def layer_records(reshard: bool, ranks: int, device_memory: str = "80GiB") -> li
         # no decompositions: eager's ops, as the whole-step capture and the tracker see them
         backend = opt_remat.backend(device_memory=device_memory, training=whole.setup(reshard, ranks),
                                     compiler="eager", decompositions="none")
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.model.layers:
-            layer.compile(backend=backend)
-            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        shard(model, mesh, backend, reshard_after_forward=reshard)  # the example's: bf16 compute, fp32 reduce
         ids = torch.randint(0, LLAMA["vocab_size"], (BATCH, SEQ))
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         return list(backend.partitioner.history)
