@@ -12,7 +12,7 @@ from solvers import progress as solver_progress
 
 from ..report import describe_plan
 from ..solve import SolveInterrupted
-from .config import Config
+from .config import BudgetSpec, Config
 from .execute import solve_one
 from .loop import curve_setup, tightest_first
 from .plan_files import write_plan
@@ -32,7 +32,7 @@ def solve_to_files(cfg: Config, works: Sequence[Workload], name: str, label: str
     with Display(terminal_mode(sys.stdout)) as display:  # live on a terminal, a line per change piped
         display.start(len(budgets) * len(works))
         for spec in sorted(budgets, key=tightest_first):
-            path = out if len(budgets) == 1 else out.with_name(f"{out.stem}-{safe_label(spec.label)}{out.suffix}")
+            path = budget_path(out, budgets, spec)
             plans: list[Plan] = []
             for i, work in enumerate(works):
                 which = f"budget {spec.label}" + (f", graph {i + 1} of {len(works)}" if len(works) > 1 else "")
@@ -55,6 +55,11 @@ def solve_to_files(cfg: Config, works: Sequence[Workload], name: str, label: str
             written.append(path)
             graphs = ", ".join(f"{w.graph_id}: {len(w.problem.nodes)} nodes" for w in works)
             display.message(f"plan for {len(works)} graph(s) ({graphs}) written to {path}")
+
+
+def budget_path(out: Path, budgets: Sequence[BudgetSpec], spec: BudgetSpec) -> Path:
+    """The plan file of ``spec``: ``out`` for a config's one budget, else ``OUT-LABEL``."""
+    return out if len(budgets) == 1 else out.with_name(f"{out.stem}-{safe_label(spec.label)}{out.suffix}")
 
 
 def safe_label(label: str) -> str:

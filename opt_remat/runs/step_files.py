@@ -23,9 +23,9 @@ from ..request import ONE_DEVICE
 from .config import BudgetSpec, Config
 from .loop import tightest_first
 from .plan_files import apply_hint, made_for, node_details
-from .solve_files import safe_label
+from .solve_files import budget_path
 from .util import SolveRefused, first_line, jsonable, quiet_torch, write_atomic
-from .workload import Workload, graph_request, make_inputs
+from .workload import Workload, graph_request, model_and_inputs
 
 
 def materialize_step(cfg: Config) -> Any:
@@ -36,16 +36,8 @@ def materialize_step(cfg: Config) -> Any:
 
     path = cfg.spec.capture.per_layer
     assert path is not None
-    factory = cfg.factory()
-    kwargs = dict(cfg.spec.model.kwargs)  # type: ignore[union-attr]
     dtype = getattr(torch, cfg.dtype)
-    with torch.device("meta"):  # for the built-in inputs' sizes only
-        shell = factory(**kwargs)
-    inputs = make_inputs(cfg, shell)
-    source: Any = (lambda: factory(**kwargs).train())  # noqa: E731
-    if not cfg.meta:
-        torch.manual_seed(cfg.seed)
-        source = factory(**kwargs).to(dtype).train()
+    _, inputs, source = model_and_inputs(cfg)
     with quiet_torch():
         try:
             captured = capture_step(source, inputs, per_layer=path, compiler=cfg.compiler,
@@ -97,7 +89,7 @@ def solve_step_files(cfg: Config, out: Path, written: list[Path], work: Any = No
                                + (", eager's plan kept" if g.fixed is not None else "") + ")"
                                for g in step.graphs), flush=True)
     for spec in sorted(cfg.budgets, key=tightest_first):
-        path = out if len(cfg.budgets) == 1 else out.with_name(f"{out.stem}-{safe_label(spec.label)}{out.suffix}")
+        path = budget_path(out, cfg.budgets, spec)
         budget, setup = _budget(cfg, spec)
         start = time.perf_counter()
         try:

@@ -143,22 +143,14 @@ def materialize_all(cfg: Config) -> list[Workload]:
 
     from ..capture import capture_graphs
 
-    factory = cfg.factory()
-    kwargs = dict(cfg.spec.model.kwargs)  # type: ignore[union-attr]
-    torch.manual_seed(cfg.seed)
     loss_fn = make_loss(cfg.spec.model.loss)  # type: ignore[union-attr]
     dtype = getattr(torch, cfg.dtype)
+    model, inputs, source = model_and_inputs(cfg)
     if cfg.meta:
-        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
-            shell = _build_model(cfg, factory, kwargs)
-        model, inputs = None, make_inputs(cfg, shell)
         what, where = "tracing the training step with fake tensors", ("model", "inputs")
-        source: Any = lambda: factory(**kwargs).train()  # noqa: E731
     else:
-        model = _build_model(cfg, factory, kwargs).to(dtype).train()
-        inputs = make_inputs(cfg, model)
         _dry_run(cfg, model, inputs, loss_fn)
-        what, where, source = "capturing the training step with torch.compile", ("model", "factory"), model
+        what, where = "capturing the training step with torch.compile", ("model", "factory")
     start = time.perf_counter()
     with quiet_torch():
         try:
@@ -183,6 +175,23 @@ def materialize_all(cfg: Config) -> list[Workload]:
     for w in works:
         w.capture_s = capture_s
     return works
+
+
+def model_and_inputs(cfg: Config) -> tuple[Any, tuple, Any]:
+    """The configured model (None with fake tensors), its inputs, and what a capture takes: the
+    model, or with fake tensors a factory it calls under them. Failures the configuration can fix
+    are ConfigErrors naming the field."""
+    import torch
+
+    factory = cfg.factory()
+    kwargs = dict(cfg.spec.model.kwargs)  # type: ignore[union-attr]
+    torch.manual_seed(cfg.seed)
+    if cfg.meta:
+        with torch.device("meta"):  # for the built-in inputs' sizes only: allocates nothing
+            shell = _build_model(cfg, factory, kwargs)
+        return None, make_inputs(cfg, shell), lambda: factory(**kwargs).train()
+    model = _build_model(cfg, factory, kwargs).to(getattr(torch, cfg.dtype)).train()
+    return model, make_inputs(cfg, model), model
 
 
 def _dry_run(cfg: Config, model: Any, inputs: tuple, loss_fn: Callable[[Any], Any]) -> None:
