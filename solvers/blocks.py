@@ -276,10 +276,11 @@ def graph_boundaries(problem: Problem) -> tuple[list[str], str]:
     sinks = [n for n in fwd if n.role is Role.FORWARD
              and not any(problem.by_name[u].role is not Role.BACKWARD
                          for u in problem.users[n.name])]
-    loss = max(sinks, key=lambda n: (ancestors[n.name], problem.index[n.name])).name
+    # a region of a graph break that ends in no loss has no sink: no dominators then, the cuts decide
+    loss = max(sinks, key=lambda n: (ancestors[n.name], problem.index[n.name])).name if sinks else None
     idom = nx.immediate_dominators(g, source)
     chain: list[str] = []
-    v = idom.get(loss)
+    v = idom.get(loss) if loss is not None else None
     while v is not None and v != source:
         chain.append(v)
         nxt = idom[v]

@@ -41,15 +41,6 @@ MAX_COMBINATIONS = 20_000  # beyond this, one graph at a time (the others kept)
 SPEND_EVALUATIONS = 400  # step-model evaluations spending the budget the best combination leaves
 
 
-def _checkpoints(problem: Problem, everies: Sequence[int]) -> list[Plan]:
-    """Checkpointing every k blocks; none where the graph's checkpoints cannot be found (a graph
-    of a graph break that ends in no loss: ``blocks.graph_boundaries`` looks for its sink)."""
-    try:
-        return uniform_checkpoints(problem, everies)
-    except ValueError:
-        return []
-
-
 def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
                     stats: Mapping[str, GraphStats], setup: TrainingSetup | None) -> list[GraphStats]:
     """Plans of graph ``key`` worth combining: save-all, inputs-only, checkpointing every 1 and 2
@@ -59,7 +50,7 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
     copy holds); the caps spread between the plans' least and most held, then refined around the
     cheapest that fits."""
     plans: list[Plan] = [save_all(problem), inputs_only(problem)]
-    plans += _checkpoints(problem, (1, 2))
+    plans += uniform_checkpoints(problem, (1, 2))
     lo, hi = lam_range(problem)
     plans += [solve_mincut(problem, lo * (hi / lo) ** (i / 4)) for i in range(5)] if lo > 0 else []
     out = {p.saved: step.stats(key, p.saved) for p in plans}
@@ -85,7 +76,7 @@ def candidate_plans(problem: Problem, step: Step, key: str, budget: int,
             found = []
             try:
                 found.append(fast_peak_plan(graph, room, saved_cap))
-            except ValueError:  # InfeasibleError; a graph whose checkpoints cannot be found
+            except ValueError:  # InfeasibleError
                 pass
             if graph is wide:  # where what the copies hold decides, the least recompute under the cap
                 try:
@@ -127,7 +118,7 @@ def solve_step(step: Step, budget: int, setup: TrainingSetup | None = None,
     current = dict(fixed)
     for k in free:
         p = step.graph(k).problem
-        current[k] = min((step.stats(k, x.saved) for x in (inputs_only(p), *_checkpoints(p, (1,)))),
+        current[k] = min((step.stats(k, x.saved) for x in (inputs_only(p), *uniform_checkpoints(p, (1,)))),
                          key=lambda s: (s.held, s.cost))
     pools = {k: candidate_plans(step.graph(k).problem, step, k, budget, current, setup) for k in free}
     repeats = {k: sum(g.repeat for g in step.graphs if g.key == k) for k in keys}
