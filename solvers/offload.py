@@ -180,12 +180,15 @@ def offload_timeline(problem: Problem, saved: Iterable[str], offloaded: Iterable
     deadline = {v: b_start[first[v]] for v in off}
     alap: dict[str, float] = {}
     nxt = float("inf")
-    for v in sorted(off, key=lambda v: (deadline[v], first[v]), reverse=True):
+    # one total order (ties by forward position): the ALAP pass walks it backwards, the copies run
+    # forwards in it; a set's iteration order must not decide which of two tied copies is late
+    h2d_order = sorted(off, key=lambda v: (deadline[v], first[v], position[v]))
+    for v in reversed(h2d_order):
         end = min(deadline[v], nxt)
         alap[v] = nxt = end - nbytes[v] / link.h2d
     h2d: dict[str, tuple[float, float]] = {}
     clock, late = 0.0, 0.0
-    for v in sorted(off, key=lambda v: (deadline[v], first[v])):
+    for v in h2d_order:
         start = max(alap[v], clock)
         clock = start + nbytes[v] / link.h2d
         h2d[v] = (start, clock)

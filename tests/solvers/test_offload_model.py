@@ -75,6 +75,26 @@ def test_a_slow_link_exposes_what_compute_cannot_hide():
     assert tl.adjust[:5] == (0,) * 5  # held to the end of the forward: nothing freed there
 
 
+def test_reloads_needed_by_the_same_backward_step_queue_behind_each_other():
+    """a and b are both first read by g2 (starts at 4 s): 1 s reloads fit back to back before it
+    whichever order the offloaded set iterates in (a set's order once made one of them late)."""
+    problem = Problem((
+        Node("x", IN),
+        Node("a", F, ("x",), 100, cost=1.0),
+        Node("b", F, ("a",), 100, cost=1.0),
+        Node("c", F, ("b",), 100, cost=1.0),
+        Node("out", F, ("c",), 8, cost=1.0),
+        Node("t", B),
+        Node("g1", B, ("t", "c"), 100, cost=4.0),
+        Node("g2", B, ("g1", "a", "b"), 100, cost=1.0),
+    ), forward_outputs=frozenset({"out"}), backward_outputs=frozenset({"g2"}))
+    saved = {"a", "b", "c"}
+    for offloaded in (["a", "b"], ["b", "a"], {"a", "b"}, frozenset({"b", "a"})):
+        tl = offload_timeline(problem, saved, offloaded, HostLink(100.0, 100.0))
+        assert tl.h2d_exposed_s == 0.0
+        assert tl.copies["a"][2:] == (2.0, 3.0) and tl.copies["b"][2:] == (3.0, 4.0)
+
+
 def test_nothing_offloaded_changes_nothing():
     problem = _problem()
     tl = offload_timeline(problem, SAVED, set(), HostLink(1.0, 1.0))
