@@ -180,18 +180,15 @@ def _solve(args: argparse.Namespace) -> int:
         raise UsageError(f"-o: folder {out.parent} does not exist")
     budgets = cfg.budgets
     written: list[Path] = []
-    if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
-        if asked is not None:
-            print(f"note: --solver {asked} is not used: a step captured per layer is planned by the step "
-                  "solve (solvers.step_solve)", flush=True)
-        try:
-            solve_step_files(cfg, out, written)
-        except SolveRefused as exc:
-            raise UsageError(str(exc)) from None
-        return 0
-    print(f"capturing {cfg.name} ...", flush=True)
-    works = materialize_all(cfg)
     try:
+        if cfg.spec.capture.per_layer is not None:  # the step's graphs planned together
+            if asked is not None:
+                print(f"note: --solver {asked} is not used: a step captured per layer is planned by the step "
+                      "solve (solvers.step_solve)", flush=True)
+            solve_step_files(cfg, out, written)
+            return 0
+        print(f"capturing {cfg.name} ...", flush=True)
+        works = materialize_all(cfg)
         if len(works) > 1 and all(map(is_step_budget, budgets)):  # graph breaks: one budget for the step
             if asked is not None:
                 print(f"note: --solver {asked} is not used: the step's {len(works)} graphs share the budget and "
