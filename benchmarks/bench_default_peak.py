@@ -3,7 +3,7 @@ exact search (``cpsat``), same run.
 
     python benchmarks/bench_default_peak.py [--models qwen3 gemma3 mixtral qwen3-moe t5 opt]
                                             [--time-limit 30] [--big hf-llama-7b hf-mistral-7b 7b rope-7b]
-                                            [--big-time-limit 60]
+                                            [--big-time-limit 60] [--cache DIR]
 
 Small rows: HF models of ``tests/hf_small.py`` (2 layers, hidden 64, random init, captured by a
 real step). Budgets: the step peaks of torch's partitioner at ``activation_memory_budget`` 0.5
@@ -14,7 +14,8 @@ LLaMA-7B shape (batch 8 x 2048, bf16, fake capture; ``bench_peak_scale``'s harne
 Llama/Mistral, ``opt_remat.models.llama`` and a LLaMA with its RoPE tables computed inside each
 block (``rope-7b``, below) at 0.3/0.45/0.6/0.8 x the min-cut peak. Each solve is fresh: no
 plans remembered; the default gets the min-cut plan at the h100's lam as a candidate, as
-``opt_remat.partitioner`` gives it.
+``opt_remat.partitioner`` gives it. ``--cache DIR``: the big problems are captured once and
+pickled there (``DIR/NAME.pkl``), so later runs are only the solves.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pickle
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -111,6 +113,21 @@ def _capture_big(name: str):
     return _capture(name)
 
 
+def big_problem(name: str, cache: str | None = None) -> Problem:
+    """The big model's problem (h100 costs), from ``cache/NAME.pkl`` when there, else captured
+    (and pickled there when ``cache`` is given)."""
+    path = Path(cache) / f"{name}.pkl" if cache else None
+    if path is not None and path.exists():
+        with path.open("rb") as f:
+            return cast(Problem, pickle.load(f))
+    _, problem = problem_from_joint(_capture_big(name), device="h100")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump(problem, f)
+    return problem
+
+
 def _solve(problem: Problem, solver: str | None, budget: int, time_limit: float) -> dict[str, Any]:
     """Cost, peak and seconds of one fresh peak solve (None cost: refused)."""
     options = {"time_limit_s": time_limit} if solver else None
@@ -188,6 +205,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=30.0, help="cpsat's limit on the small models, s")
     ap.add_argument("--big", nargs="*", default=[], choices=BIG)
     ap.add_argument("--big-time-limit", type=float, default=60.0)
+    ap.add_argument("--cache", default=None, help="folder the big problems are pickled in once (then only solved)")
     args = ap.parse_args()
     os.environ["OPT_REMAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-default-peak-")  # nothing remembered
     warnings.filterwarnings("ignore")
@@ -199,7 +217,7 @@ def main() -> None:
         print("\nsmall models:\n" + table(rows, list(rows[0])) + "\n" + summary(rows), flush=True)
     big: list[dict[str, Any]] = []
     for name in args.big:
-        _, problem = problem_from_joint(_capture_big(name), device="h100")
+        problem = big_problem(name, args.cache)
         big += mincut_rows(name, problem, (0.3, 0.45, 0.6, 0.8), args.big_time_limit, 1e3, "GiB", 2**30)
     if big:
         print("\n7B shape:\n" + table(big, list(big[0])) + "\n" + summary(big), flush=True)
