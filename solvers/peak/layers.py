@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
+
 from ..errors import PlanError
 from ..liveness import MemoryCurve, simulate_plan
 from ..problem import Plan, Problem, Role, Status, plan_from_saved
@@ -328,42 +330,65 @@ def _best_chain(options: list[_Option], last: list[_Option], ref_peaks: list[int
     """The least-cost option per layer whose modelled peaks fit ``target``: layer l's backward at
     ``ref_peaks[l]`` + the bytes held by the layers before it + its own change; the forward's peak
     at ``ref_forward`` + the bytes held by all. The last layer takes its options from ``last``
-    (measured there: its backward comes first, its values are still live from the forward)."""
-    # state: bytes held so far in units (rounded up) -> (cost, previous state, option index)
-    frontier: dict[int, tuple[float, int | None, int | None]] = {0: (0.0, None, None)}
-    history: list[dict[int, tuple[float, int | None, int | None]]] = []
+    (measured there: its backward comes first, its values are still live from the forward).
+    Each layer's step is one array operation over (states x options): at 80 layers a loop over
+    them in Python took seconds per call."""
+    # the states kept (bytes held so far in units, rounded up; ascending) and their costs; per
+    # layer, for each state kept, the previous state's index and the option taken
+    states, costs = np.zeros(1, dtype=np.int64), np.zeros(1)
+    history: list[tuple[np.ndarray, np.ndarray]] = []
     tables = [options] * (len(ref_peaks) - 1) + [last]
+    arrays = {id(t): (np.array([o.own for o in t], dtype=np.int64),
+                      np.array([-(-o.held // unit) for o in t], dtype=np.int64),
+                      np.array([o.cost for o in t], dtype=np.float64)) for t in (options, last)}
     for layer_peak, table in zip(ref_peaks, tables):
-        nxt: dict[int, tuple[float, int | None, int | None]] = {}
-        for state, (cost, _, _) in frontier.items():
-            room = target - layer_peak - state * unit
-            for j, o in enumerate(table):
-                if o.own > room:
-                    continue
-                s = state + -(-o.held // unit)
-                c = cost + o.cost
-                if s not in nxt or c < nxt[s][0]:
-                    nxt[s] = (c, state, j)
-        # keep the states no smaller state beats on cost
-        pruned: dict[int, tuple[float, int | None, int | None]] = {}
-        best = float("inf")
-        for s in sorted(nxt):
-            if nxt[s][0] < best - 1e-15:
-                pruned[s] = nxt[s]
-                best = nxt[s][0]
-        if not pruned:
+        own, held, cost = arrays[id(table)]
+        room = target - layer_peak - states * unit
+        # the moves in the order a loop over states, then options, meets them
+        prev, option = np.nonzero(own[None, :] <= room[:, None])
+        if not len(prev):
             return None
-        history.append(pruned)
-        frontier = pruned
-    ends = [(cost, s) for s, (cost, _, _) in frontier.items() if ref_forward + s * unit <= target]
-    if not ends:
+        nxt_s = states[prev] + held[option]
+        nxt_c = costs[prev] + cost[option]
+        first = _first_least(nxt_s, nxt_c)
+        at = _cheaper_than_smaller(first, nxt_c[first])
+        history.append((prev[at], option[at]))
+        states, costs = nxt_s[at], nxt_c[at]
+    fits = np.flatnonzero(ref_forward + states * unit <= target)
+    if not len(fits):
         return None
-    _, state = min(ends)
+    # the least cost, then the fewest bytes held
+    index = int(fits[np.lexsort((states[fits], costs[fits]))[0]])
     choice: list[frozenset[int]] = []
-    for step, table in zip(reversed(history), reversed(tables)):
-        _, prev, option = step[state]
-        assert prev is not None and option is not None  # only the start state has none
-        choice.append(table[option].positions)
-        state = prev
+    for (prev_of, option_of), table in zip(reversed(history), reversed(tables)):
+        choice.append(table[int(option_of[index])].positions)
+        index = int(prev_of[index])
     choice.reverse()
     return choice
+
+
+def _first_least(state: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Per distinct state, ascending, the index of its least cost (the first among equal ones):
+    by buckets over the states' range (a sort took most of the dynamic program's time)."""
+    at = state - state.min()
+    least = np.full(int(at.max()) + 1, np.inf)
+    np.minimum.at(least, at, cost)
+    ties = np.flatnonzero(cost == least[at])
+    first = np.full(len(least), len(cost))
+    np.minimum.at(first, at[ties], ties)
+    return first[first < len(cost)]
+
+
+def _cheaper_than_smaller(index: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Of states in ascending order, those that cost less (by more than 1e-15) than every state
+    kept before them. Against the least cost of all before (a prefix minimum) unless a cost lies
+    within the tolerance below it: then one by one, as the states kept decide there."""
+    before = np.minimum.accumulate(np.r_[np.inf, cost[:-1]])
+    if not np.any((cost < before) & (cost >= before - 1e-15)):
+        return index[cost < before - 1e-15]
+    kept, best = [], float("inf")
+    for k, c in zip(index.tolist(), cost.tolist()):
+        if c < best - 1e-15:
+            kept.append(k)
+            best = c
+    return np.array(kept, dtype=np.int64)
