@@ -87,13 +87,16 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         relaxed = relaxed_plans(problem, peak_budget, budget)
         found += relaxed.plans
         proven = relaxed.infeasible
+    if layers is not None:
+        # the outside from the pool before spending too: the spending starts from the cheapest
+        found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
-        found += _spent(problem, found, peak_budget, budget)
+        found += _spent(problem, found, peak_budget, budget, layers=layers)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
             found += swapped
-            found += _spent(problem, swapped, peak_budget, budget, starts=1)
+            found += _spent(problem, swapped, peak_budget, budget, starts=1, layers=layers)
     best = cheapest_fitting(found, peak_budget, budget)
     if best is None and not proven:
         found += _refusal_plans(problem, budget)
@@ -113,10 +116,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
 
 
 def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
-           budget: int | None, starts: int = SPEND_STARTS) -> list[tuple[Plan, int]]:
+           budget: int | None, starts: int = SPEND_STARTS, layers: Layers | None = None) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
-    by the same count of simulations."""
+    by the same count of simulations; on ``layers``, a value that overshoots rules out its copies."""
     evaluations = _evaluations(problem)
+    copies = None if layers is None else {v: column for column in zip(*layers.slots) for v in column}
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
@@ -125,7 +129,7 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
         if plan.saved not in chosen and len(chosen) < starts:
             chosen.append(plan.saved)
     for saved in chosen:
-        states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
+        states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, copies=copies))
     if not fitting:
         for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))
