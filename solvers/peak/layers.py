@@ -79,24 +79,32 @@ def find_layers(problem: Problem) -> Layers | None:
     return Layers(tuple(tuple(s[i] for i in kept) for s in segments), layer_of)
 
 
-def _layer_peaks(problem: Problem, layers: Layers, curve: MemoryCurve) -> list[int]:
-    """The most live bytes during each layer's backward (its recomputation included)."""
-    by_name, layer_of = problem.by_name, layers.layer_of
-    out = [0] * len(layers.slots)
-    current, pending = None, 0
+def _layer_peaks(reads: dict[str, int], n_layers: int, curve: MemoryCurve) -> tuple[list[int], int]:
+    """The most live bytes during each layer's backward (its recomputation included), and the
+    forward's peak: one pass over the curve. ``reads``: ``_backward_layers``."""
+    out = [0] * n_layers
+    current, pending, forward = -1, 0, 0
     for phase, name, live in curve.steps:
         if phase != "backward":
+            forward = max(forward, live)
             continue
         pending = max(pending, live)
-        if by_name[name].role is not Role.BACKWARD:
+        read = reads.get(name)
+        if read is None:
             continue  # a recomputation: counted with the backward value it is made for
-        read = [layer_of[u] for u in by_name[name].inputs if u in layer_of]
-        if read:
-            current = max(read)
-        if current is not None:
+        if read >= 0:
+            current = read
+        if current >= 0:
             out[current] = max(out[current], pending)
         pending = 0
-    return out
+    return out, forward
+
+
+def _backward_layers(problem: Problem, layers: Layers) -> dict[str, int]:
+    """Per backward value, the last layer it reads from (-1: none)."""
+    layer_of = layers.layer_of
+    return {n.name: max((layer_of[u] for u in n.inputs if u in layer_of), default=-1)
+            for n in problem.nodes if n.role is Role.BACKWARD}
 
 
 @dataclass(frozen=True)
@@ -261,8 +269,8 @@ class _Measure:
                  ref: tuple[Plan, MemoryCurve]) -> None:
         self.problem, self.layers, self.chain, self.probe = problem, layers, chain, probe
         self.ref_plan, ref_curve = ref
-        self.ref_peaks = _layer_peaks(problem, layers, ref_curve)
-        self.ref_forward = ref_curve.forward_peak
+        self.reads = _backward_layers(problem, layers)
+        self.ref_peaks, self.ref_forward = _layer_peaks(self.reads, len(layers.slots), ref_curve)
 
     def one(self, positions: frozenset[int]) -> _Option | None:
         choice = list(self.chain.base)
@@ -271,10 +279,10 @@ class _Measure:
         if got is None:
             return None
         plan, curve = got
-        peaks = _layer_peaks(self.problem, self.layers, curve)
+        peaks, forward = _layer_peaks(self.reads, len(self.layers.slots), curve)
         ref, probe = self.ref_peaks, self.probe
         later = [peaks[k] - ref[k] for k in range(probe + 1, len(ref))]
-        held = max([curve.forward_peak - self.ref_forward] + later)
+        held = max([forward - self.ref_forward] + later)
         return _Option(positions, plan.recompute_cost - self.ref_plan.recompute_cost,
                        peaks[probe] - ref[probe], held)
 
