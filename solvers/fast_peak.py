@@ -38,9 +38,9 @@ from typing import cast
 from .baselines import uniform_checkpoints
 from .budget import format_bytes
 from .errors import InfeasibleError, PeakInfeasibleError, PlanError
-from .liveness import peak_lower_bound, simulate_plan, without_gradients
+from .liveness import peak_lower_bound, without_gradients
 from .mincut import lam_range, solve_mincut
-from .peak.candidates import cheapest_fitting, checkpoint_plans
+from .peak.candidates import cheapest_fitting, checkpoint_plans, simulated_peak
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
@@ -180,7 +180,7 @@ def _outside_swaps(problem: Problem, layers: Layers, found: list[tuple[Plan, int
             continue
         if swapped.recompute_cost >= best[0].recompute_cost:
             continue
-        peak = simulate_plan(problem, swapped.saved).peak
+        peak = simulated_peak(problem, swapped.saved)
         if peak <= peak_budget and (budget is None or swapped.saved_bytes <= budget):
             out.append((swapped, peak))
     return out
@@ -241,7 +241,7 @@ def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[P
             continue  # a remembered plan from another setting (bans, must-saves) that does not apply
         if plan.saved not in seen:
             seen.add(plan.saved)
-            out.append((plan, simulate_plan(problem, plan.saved).peak))
+            out.append((plan, simulated_peak(problem, plan.saved)))
     return out
 
 
@@ -268,7 +268,7 @@ def _structural_plans(problem: Problem) -> list[tuple[Plan, int]]:
     for plan in plans:
         if plan.saved not in seen:
             seen.add(plan.saved)
-            out.append((plan, simulate_plan(problem, plan.saved).peak))
+            out.append((plan, simulated_peak(problem, plan.saved)))
     for plan, peak in checkpoint_plans(problem):  # narrow cuts: the lowest peaks where blocks are unknown
         if plan.saved not in seen:
             seen.add(plan.saved)
