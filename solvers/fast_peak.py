@@ -30,10 +30,12 @@ plan on any machine (the peak search's start alone passes a deadline). ``cpsat``
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import time
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar, cast
 
 from .baselines import uniform_checkpoints
 from .budget import format_bytes
@@ -48,6 +50,8 @@ from .peak.search import Judge, SearchState
 from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
+P = ParamSpec("P")
+R = TypeVar("R")
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
 # min-cut weights between lam_range's extremes (geometric): their plans' layers are the layer
@@ -67,6 +71,23 @@ REFUSAL_GRID = 8
 REFUSAL_RELAXED_MAX_VALUES = 200
 
 
+def _collector_paused(solve: Callable[P, R]) -> Callable[P, R]:
+    """``solve`` with Python's cyclic garbage collector off while it runs (on again after, as it
+    was): the simulations allocate many short-lived acyclic objects, and the collections they
+    set off, which free nothing, took a fifth of the 70B default's time."""
+    @functools.wraps(solve)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return solve(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
+
+
+@_collector_paused
 def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
                    candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
                    deadline: float = math.inf) -> Plan:

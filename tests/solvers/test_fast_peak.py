@@ -125,3 +125,24 @@ def test_the_memory_is_off_with_the_environment_variable(monkeypatch):
     key = _key(p)
     plan_memory.remember(key, save_all(p).saved)
     assert plan_memory.recall(key) == [save_all(p).saved]
+
+
+def test_the_collector_is_left_as_it_was_after_a_plan_or_a_refusal():
+    # the default pauses Python's cyclic collector while it runs (speed at 70B); it must come
+    # back on after a plan and after a refusal, and stay off for a caller who turned it off
+    import gc
+
+    p = random_problem(3, n_forward=20, n_backward=16)
+    lo, hi = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
+    assert gc.isenabled()
+    fast_peak_plan(p, hi)
+    assert gc.isenabled()
+    with pytest.raises(PeakInfeasibleError):
+        fast_peak_plan(p, lo - 1)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fast_peak_plan(p, hi)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
