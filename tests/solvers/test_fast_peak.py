@@ -173,7 +173,7 @@ def test_spending_tries_no_copy_of_a_value_that_overshot():
             moves: list[tuple[frozenset[str], bool]] = []
             state = judge.state
 
-            def logged(closed, state=state, moves=moves):
+            def logged(closed, state=state, moves=moves, judge=judge):
                 st = state(closed)
                 moves.append((st.saved, judge.over(st) == 0))
                 return st
