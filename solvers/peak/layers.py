@@ -228,7 +228,7 @@ def _nested_options(problem: Problem, slot: tuple[str, ...], keep: frozenset[int
                 continue
             done.add(v)
             stack.extend(u for u in by_name[v].inputs if u not in saved and u not in done)
-        return sum(problem.recompute_cost_of(v) for v in done)
+        return math.fsum(problem.recompute_cost_of(v) for v in done)  # exact: not by the set's order
 
     def storage_bytes(saved: set[str], v: str) -> int:
         storage = by_name[v].storage_id
