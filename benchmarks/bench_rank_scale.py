@@ -21,7 +21,11 @@ model of ``solvers.offload``), the whole-rank peak by kind with the offloads, so
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import pickle
 import time
+from pathlib import Path
 
 import torch
 
@@ -41,6 +45,7 @@ from solvers.device_budget import device_budget
 from solvers.errors import DeviceBudgetError
 from solvers.mincut import solve_mincut
 from solvers.offload_plan import offload_cost
+from solvers.problem import Problem
 from solvers.rank_memory import rank_peak, with_rank_memory
 from solvers.training import TrainingSetup
 
@@ -80,15 +85,35 @@ def _solve(problem, solver: str | None, setup: TrainingSetup, device: int, time_
     return _row(f"{solver or 'default'}{gap}", problem, plan.saved, setup, plan.recompute_cost, seconds)
 
 
-def run(model: str, device: int, solvers: list[str], time_limit_s: float) -> None:
-    config, batch, seq, ranks, refused = MODELS[model]
+def captured(model: str, cache: Path | None) -> tuple[Problem, str]:
+    """The model's problem (``problem_from_joint``), captured on fake tensors, or read from ``cache``
+    where an earlier run pickled it (named by the model's shape and torch's version: after a change
+    to the capture or the problem's build, empty the folder); with how it was obtained."""
+    config, batch, seq, _, _ = MODELS[model]
     config = {**config, "vocab_size": 32000, "max_position_embeddings": seq, "attn_implementation": "sdpa"}
+    path = None
+    if cache is not None:
+        key = json.dumps([config, batch, seq, torch.__version__])
+        path = cache / f"{model}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pkl"
+        if path.exists():
+            with path.open("rb") as f:
+                return pickle.load(f), f"read from {path}"
     start = time.perf_counter()
     joint = capture(lambda: causal_lm("LlamaForCausalLM", config), (torch.zeros(batch, seq, dtype=torch.long),),
                     meta=True, dtype=torch.bfloat16)
     problem = problem_from_joint(joint)[1]
-    print(f"\n{model}: batch {batch} x {seq}, {len(problem.nodes)} values, captured in "
-          f"{time.perf_counter() - start:.0f} s; device {device / GIB:.0f} GiB")
+    took = f"captured in {time.perf_counter() - start:.0f} s"
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump(problem, f)
+    return problem, took
+
+
+def run(model: str, device: int, solvers: list[str], time_limit_s: float, cache: Path | None = None) -> None:
+    _, batch, seq, ranks, refused = MODELS[model]
+    problem, how = captured(model, cache)
+    print(f"\n{model}: batch {batch} x {seq}, {len(problem.nodes)} values, {how}; device {device / GIB:.0f} GiB")
     setup = _setup(ranks)
     print(f" FSDP over {ranks} ranks:")
     budget = device_budget(problem, setup, device)
@@ -179,6 +204,8 @@ def main() -> None:
     ap.add_argument("--solvers", nargs="+", choices=["default", "cpsat"],
                     help="default: the fast default; with --offload, default and cpsat")
     ap.add_argument("--time-limit", type=float, default=60.0, help="the peak search's, in seconds")
+    ap.add_argument("--problem-cache", type=Path, metavar="DIR",
+                    help="pickle each captured problem here and read it back on later runs (rows without --offload)")
     args = ap.parse_args()
     device = parse_budget(args.device)
     for model in args.models:
@@ -187,7 +214,7 @@ def main() -> None:
             solvers = [None if s == "default" else s for s in args.solvers or ["default", "cpsat"]]
             run_offload(model, int(device), caps, solvers, args.time_limit)
         else:
-            run(model, int(device), args.solvers or ["default"], args.time_limit)
+            run(model, int(device), args.solvers or ["default"], args.time_limit, args.problem_cache)
 
 
 if __name__ == "__main__":

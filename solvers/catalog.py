@@ -104,8 +104,8 @@ def _fast_default(problem: Problem, peak_budget: int, budget: int | None, option
 def _peak_search(problem: Problem, peak_budget: int, budget: int | None, options: PeakSearchOptions, *,
                  candidates: Iterable[Iterable[str]], count_gradients: bool) -> Plan:
     # started from the fast default's plan: the exact search never returns a costlier one
-    def start(p: Problem, peak: int, saved: int | None, starts: list[set[str]]) -> Plan:
-        return fast_peak.fast_peak_plan(p, peak, saved, candidates=starts)
+    def start(p: Problem, peak: int, saved: int | None, starts: list[set[str]], deadline: float) -> Plan:
+        return fast_peak.fast_peak_plan(p, peak, saved, candidates=starts, deadline=deadline)
     return peak_search(problem, peak_budget, budget, options, candidates=candidates,
                        count_gradients=count_gradients, start=start)
 

@@ -14,38 +14,44 @@ Every plan is judged by the exact simulation of the step (``solvers.liveness``):
 * on small graphs (``relaxed_plans.MAX_VALUES``), the plans of the peak search's relaxation
   (``solvers.peak.relaxed_plans``: HiGHS bounded by nodes, cut rounds and re-solves at lowered
   budgets), often optimal there; a budget the relaxation admits no plan under is refused at once;
+* on graphs of repeated layers, the best plan with its decisions outside the layers taken from
+  each pool plan (``_outside_swaps``), before the spending and again after it (then spent again);
 * the budget those plans leave unused is spent (``solvers.peak.spend``): from the cheapest plans
   that fit, recomputed values are saved back, most recompute per byte first, while the step
-  fits; where none fits, the local search's descent on the overshoot from the lowest peaks first;
-* on graphs of repeated layers, the best plan with its decisions outside the layers taken from
-  each pool plan (``_outside_swaps``), spent again;
+  fits (on repeated layers, a value that overshoots rules out its copies in the other layers);
+  where none fits, the local search's descent on the overshoot from the lowest peaks first;
 * before a refusal, plans no budget steers (``_refusal_plans``), once per problem.
 
 The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
 (simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
-plan on any machine. ``cpsat`` (``solvers.peak``) is the search with a proven gap.
+plan on any machine (the peak search's start alone passes a deadline). ``cpsat``
+(``solvers.peak``) is the search with a proven gap.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import time
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar, cast
 
 from .baselines import uniform_checkpoints
 from .budget import format_bytes
 from .errors import InfeasibleError, PeakInfeasibleError, PlanError
-from .liveness import peak_lower_bound, simulate_plan, without_gradients
+from .liveness import peak_lower_bound, without_gradients
 from .mincut import lam_range, solve_mincut
-from .peak.candidates import cheapest_fitting, checkpoint_plans
+from .peak.candidates import cheapest_fitting, checkpoint_plans, simulated_peak
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
-from .peak.search import SearchState
+from .peak.search import Judge, SearchState
 from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
+P = ParamSpec("P")
+R = TypeVar("R")
 # checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
 EVERY = (1, 2, 4, 8)
 # min-cut weights between lam_range's extremes (geometric): their plans' layers are the layer
@@ -65,12 +71,33 @@ REFUSAL_GRID = 8
 REFUSAL_RELAXED_MAX_VALUES = 200
 
 
+def _collector_paused(solve: Callable[P, R]) -> Callable[P, R]:
+    """``solve`` with Python's cyclic garbage collector off while it runs (on again after, as it
+    was): the simulations allocate many short-lived acyclic objects, and the collections they
+    set off, which free nothing, took a fifth of the 70B default's time."""
+    @functools.wraps(solve)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return solve(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
+
+
+@_collector_paused
 def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None, *,
-                   candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
+                   candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True,
+                   deadline: float = math.inf) -> Plan:
     """The cheapest plan found (see the module doc) whose simulated step peak is at most
     ``peak_budget`` bytes and whose saved bytes are at most ``budget``. Raises
     PeakInfeasibleError naming the smallest peak found when none fits.
-    ``count_gradients=False`` budgets the step without its gradients."""
+    ``count_gradients=False`` budgets the step without its gradients. ``deadline`` (a
+    ``time.perf_counter()`` time; none by default, so the plan depends on the problem alone):
+    the layer mix and the spending stop there, and the best plan by then is returned
+    (``extra["cut_short"]``); the peak search's start passes one so its bound gets time."""
     start = time.perf_counter()
     if not count_gradients:
         problem = without_gradients(problem)
@@ -79,23 +106,26 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
-        # no deadline: the options measured are bounded by the pool's distinct layers
+        # no deadline by default: the options measured are bounded by the pool's distinct layers
         found += layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
-                             budget, deadline=math.inf)
+                             budget, deadline=deadline)
     proven = False
     if len(problem.candidates) <= RELAXED_MAX_VALUES:
         relaxed = relaxed_plans(problem, peak_budget, budget)
         found += relaxed.plans
         proven = relaxed.infeasible
+    if layers is not None:
+        # the outside from the pool before spending too: the spending starts from the cheapest
+        found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
-        found += _spent(problem, found, peak_budget, budget)
+        found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
             found += swapped
-            found += _spent(problem, swapped, peak_budget, budget, starts=1)
+            found += _spent(problem, swapped, peak_budget, budget, starts=1, layers=layers, deadline=deadline)
     best = cheapest_fitting(found, peak_budget, budget)
-    if best is None and not proven:
+    if best is None and not proven and time.perf_counter() < deadline:
         found += _refusal_plans(problem, budget)
         if cheapest_fitting(found, peak_budget, budget) is not None:
             found += _spent(problem, found, peak_budget, budget)
@@ -109,14 +139,20 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                 solve_time_s=time.perf_counter() - start, objective=plan.recompute_cost, budget=budget,
                 message=f"fast default under the peak budget: the cheapest fitting {_origin(plan)} plan, "
                         f"simulated peak {format_bytes(peak)}",
-                extra={"peak": peak, "peak_budget": peak_budget, "found_by": _origin(plan)})
+                extra={"peak": peak, "peak_budget": peak_budget, "found_by": _origin(plan),
+                       "cut_short": time.perf_counter() >= deadline})
 
 
-def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
-           budget: int | None, starts: int = SPEND_STARTS) -> list[tuple[Plan, int]]:
+def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, budget: int | None,
+           starts: int = SPEND_STARTS, layers: Layers | None = None,
+           deadline: float = math.inf) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
-    by the same count of simulations."""
+    by the same count of simulations (and ``deadline``); on ``layers``, a value that overshoots
+    rules out its copies."""
     evaluations = _evaluations(problem)
+    if time.perf_counter() >= deadline:
+        return []
+    copies = None if layers is None else {v: column for column in zip(*layers.slots) for v in column}
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
@@ -125,7 +161,9 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int,
         if plan.saved not in chosen and len(chosen) < starts:
             chosen.append(plan.saved)
     for saved in chosen:
-        states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations))
+        judge = Judge(problem, peak_budget, budget, deadline, evaluations)
+        states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, judge=judge,
+                                   copies=copies))
     if not fitting:
         for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))
@@ -163,7 +201,7 @@ def _outside_swaps(problem: Problem, layers: Layers, found: list[tuple[Plan, int
             continue
         if swapped.recompute_cost >= best[0].recompute_cost:
             continue
-        peak = simulate_plan(problem, swapped.saved).peak
+        peak = simulated_peak(problem, swapped.saved)
         if peak <= peak_budget and (budget is None or swapped.saved_bytes <= budget):
             out.append((swapped, peak))
     return out
@@ -224,7 +262,7 @@ def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[P
             continue  # a remembered plan from another setting (bans, must-saves) that does not apply
         if plan.saved not in seen:
             seen.add(plan.saved)
-            out.append((plan, simulate_plan(problem, plan.saved).peak))
+            out.append((plan, simulated_peak(problem, plan.saved)))
     return out
 
 
@@ -251,7 +289,7 @@ def _structural_plans(problem: Problem) -> list[tuple[Plan, int]]:
     for plan in plans:
         if plan.saved not in seen:
             seen.add(plan.saved)
-            out.append((plan, simulate_plan(problem, plan.saved).peak))
+            out.append((plan, simulated_peak(problem, plan.saved)))
     for plan, peak in checkpoint_plans(problem):  # narrow cuts: the lowest peaks where blocks are unknown
         if plan.saved not in seen:
             seen.add(plan.saved)

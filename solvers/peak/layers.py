@@ -26,14 +26,18 @@ The model is a guide: only plans the simulation says fit are returned.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
+
 from ..errors import PlanError
 from ..liveness import MemoryCurve, simulate_plan
 from ..problem import Plan, Problem, Role, Status, plan_from_saved
+from .search import Judge
 
 # at most this many options (distinct layers) are measured, the most frequent first
 MAX_OPTIONS = 60
@@ -77,24 +81,32 @@ def find_layers(problem: Problem) -> Layers | None:
     return Layers(tuple(tuple(s[i] for i in kept) for s in segments), layer_of)
 
 
-def _layer_peaks(problem: Problem, layers: Layers, curve: MemoryCurve) -> list[int]:
-    """The most live bytes during each layer's backward (its recomputation included)."""
-    by_name, layer_of = problem.by_name, layers.layer_of
-    out = [0] * len(layers.slots)
-    current, pending = None, 0
+def _layer_peaks(reads: dict[str, int], n_layers: int, curve: MemoryCurve) -> tuple[list[int], int]:
+    """The most live bytes during each layer's backward (its recomputation included), and the
+    forward's peak: one pass over the curve. ``reads``: ``_backward_layers``."""
+    out = [0] * n_layers
+    current, pending, forward = -1, 0, 0
     for phase, name, live in curve.steps:
         if phase != "backward":
+            forward = max(forward, live)
             continue
         pending = max(pending, live)
-        if by_name[name].role is not Role.BACKWARD:
+        read = reads.get(name)
+        if read is None:
             continue  # a recomputation: counted with the backward value it is made for
-        read = [layer_of[u] for u in by_name[name].inputs if u in layer_of]
-        if read:
-            current = max(read)
-        if current is not None:
+        if read >= 0:
+            current = read
+        if current >= 0:
             out[current] = max(out[current], pending)
         pending = 0
-    return out
+    return out, forward
+
+
+def _backward_layers(problem: Problem, layers: Layers) -> dict[str, int]:
+    """Per backward value, the last layer it reads from (-1: none)."""
+    layer_of = layers.layer_of
+    return {n.name: max((layer_of[u] for u in n.inputs if u in layer_of), default=-1)
+            for n in problem.nodes if n.role is Role.BACKWARD}
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class _Chain:
         mapped = {v for s in layers.slots for v in s}
         self.fixed = frozenset(v for v in base if v not in mapped)
         self.base = [self.option_of(base, layer) for layer in range(len(layers.slots))]
+        self.judge = Judge(problem, 0, None, math.inf, 0)  # for its closure on integer ids alone
 
     def option_of(self, saved: frozenset[str], layer: int) -> frozenset[int]:
         return frozenset(i for i, v in enumerate(self.layers.slots[layer]) if v in saved)
@@ -130,6 +143,14 @@ class _Chain:
         except PlanError:
             return None
         return plan, simulate_plan(self.problem, plan.saved)
+
+    def measured(self, choice: list[frozenset[int]]) -> tuple[float, MemoryCurve] | None:
+        """A chain's recompute cost and simulation, without a plan (``plan_from_saved``'s closure
+        took a fifth of a measurement at 70B; the cost is the same exact sum)."""
+        closed = self.judge.close(self.saved(choice))
+        if closed is None:
+            return None
+        return closed[2], simulate_plan(self.problem, closed[0])
 
 
 def layer_plans(problem: Problem, layers: Layers, base: Iterable[str], plans: Iterable[Iterable[str]],
@@ -207,7 +228,7 @@ def _nested_options(problem: Problem, slot: tuple[str, ...], keep: frozenset[int
                 continue
             done.add(v)
             stack.extend(u for u in by_name[v].inputs if u not in saved and u not in done)
-        return sum(problem.recompute_cost_of(v) for v in done)
+        return math.fsum(problem.recompute_cost_of(v) for v in done)  # exact: not by the set's order
 
     def storage_bytes(saved: set[str], v: str) -> int:
         storage = by_name[v].storage_id
@@ -259,21 +280,21 @@ class _Measure:
                  ref: tuple[Plan, MemoryCurve]) -> None:
         self.problem, self.layers, self.chain, self.probe = problem, layers, chain, probe
         self.ref_plan, ref_curve = ref
-        self.ref_peaks = _layer_peaks(problem, layers, ref_curve)
-        self.ref_forward = ref_curve.forward_peak
+        self.reads = _backward_layers(problem, layers)
+        self.ref_peaks, self.ref_forward = _layer_peaks(self.reads, len(layers.slots), ref_curve)
 
     def one(self, positions: frozenset[int]) -> _Option | None:
         choice = list(self.chain.base)
         choice[self.probe] = positions
-        got = self.chain.run(choice)
+        got = self.chain.measured(choice)
         if got is None:
             return None
-        plan, curve = got
-        peaks = _layer_peaks(self.problem, self.layers, curve)
+        cost, curve = got
+        peaks, forward = _layer_peaks(self.reads, len(self.layers.slots), curve)
         ref, probe = self.ref_peaks, self.probe
         later = [peaks[k] - ref[k] for k in range(probe + 1, len(ref))]
-        held = max([curve.forward_peak - self.ref_forward] + later)
-        return _Option(positions, plan.recompute_cost - self.ref_plan.recompute_cost,
+        held = max([forward - self.ref_forward] + later)
+        return _Option(positions, cost - self.ref_plan.recompute_cost,
                        peaks[probe] - ref[probe], held)
 
     def all(self, candidates: list[frozenset[int]], deadline: float) -> list[_Option]:
@@ -328,42 +349,65 @@ def _best_chain(options: list[_Option], last: list[_Option], ref_peaks: list[int
     """The least-cost option per layer whose modelled peaks fit ``target``: layer l's backward at
     ``ref_peaks[l]`` + the bytes held by the layers before it + its own change; the forward's peak
     at ``ref_forward`` + the bytes held by all. The last layer takes its options from ``last``
-    (measured there: its backward comes first, its values are still live from the forward)."""
-    # state: bytes held so far in units (rounded up) -> (cost, previous state, option index)
-    frontier: dict[int, tuple[float, int | None, int | None]] = {0: (0.0, None, None)}
-    history: list[dict[int, tuple[float, int | None, int | None]]] = []
+    (measured there: its backward comes first, its values are still live from the forward).
+    Each layer's step is one array operation over (states x options): at 80 layers a loop over
+    them in Python took seconds per call."""
+    # the states kept (bytes held so far in units, rounded up; ascending) and their costs; per
+    # layer, for each state kept, the previous state's index and the option taken
+    states, costs = np.zeros(1, dtype=np.int64), np.zeros(1)
+    history: list[tuple[np.ndarray, np.ndarray]] = []
     tables = [options] * (len(ref_peaks) - 1) + [last]
+    arrays = {id(t): (np.array([o.own for o in t], dtype=np.int64),
+                      np.array([-(-o.held // unit) for o in t], dtype=np.int64),
+                      np.array([o.cost for o in t], dtype=np.float64)) for t in (options, last)}
     for layer_peak, table in zip(ref_peaks, tables):
-        nxt: dict[int, tuple[float, int | None, int | None]] = {}
-        for state, (cost, _, _) in frontier.items():
-            room = target - layer_peak - state * unit
-            for j, o in enumerate(table):
-                if o.own > room:
-                    continue
-                s = state + -(-o.held // unit)
-                c = cost + o.cost
-                if s not in nxt or c < nxt[s][0]:
-                    nxt[s] = (c, state, j)
-        # keep the states no smaller state beats on cost
-        pruned: dict[int, tuple[float, int | None, int | None]] = {}
-        best = float("inf")
-        for s in sorted(nxt):
-            if nxt[s][0] < best - 1e-15:
-                pruned[s] = nxt[s]
-                best = nxt[s][0]
-        if not pruned:
+        own, held, cost = arrays[id(table)]
+        room = target - layer_peak - states * unit
+        # the moves in the order a loop over states, then options, meets them
+        prev, option = np.nonzero(own[None, :] <= room[:, None])
+        if not len(prev):
             return None
-        history.append(pruned)
-        frontier = pruned
-    ends = [(cost, s) for s, (cost, _, _) in frontier.items() if ref_forward + s * unit <= target]
-    if not ends:
+        nxt_s = states[prev] + held[option]
+        nxt_c = costs[prev] + cost[option]
+        first = _first_least(nxt_s, nxt_c)
+        at = _cheaper_than_smaller(first, nxt_c[first])
+        history.append((prev[at], option[at]))
+        states, costs = nxt_s[at], nxt_c[at]
+    fits = np.flatnonzero(ref_forward + states * unit <= target)
+    if not len(fits):
         return None
-    _, state = min(ends)
+    # the least cost, then the fewest bytes held
+    index = int(fits[np.lexsort((states[fits], costs[fits]))[0]])
     choice: list[frozenset[int]] = []
-    for step, table in zip(reversed(history), reversed(tables)):
-        _, prev, option = step[state]
-        assert prev is not None and option is not None  # only the start state has none
-        choice.append(table[option].positions)
-        state = prev
+    for (prev_of, option_of), table in zip(reversed(history), reversed(tables)):
+        choice.append(table[int(option_of[index])].positions)
+        index = int(prev_of[index])
     choice.reverse()
     return choice
+
+
+def _first_least(state: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Per distinct state, ascending, the index of its least cost (the first among equal ones):
+    by buckets over the states' range (a sort took most of the dynamic program's time)."""
+    at = state - state.min()
+    least = np.full(int(at.max()) + 1, np.inf)
+    np.minimum.at(least, at, cost)
+    ties = np.flatnonzero(cost == least[at])
+    first = np.full(len(least), len(cost))
+    np.minimum.at(first, at[ties], ties)
+    return first[first < len(cost)]
+
+
+def _cheaper_than_smaller(index: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Of states in ascending order, those that cost less (by more than 1e-15) than every state
+    kept before them. Against the least cost of all before (a prefix minimum) unless a cost lies
+    within the tolerance below it: then one by one, as the states kept decide there."""
+    before = np.minimum.accumulate(np.r_[np.inf, cost[:-1]])
+    if not np.any((cost < before) & (cost >= before - 1e-15)):
+        return index[cost < before - 1e-15]
+    kept, best = [], float("inf")
+    for k, c in zip(index.tolist(), cost.tolist()):
+        if c < best - 1e-15:
+            kept.append(k)
+            best = c
+    return np.array(kept, dtype=np.int64)

@@ -7,6 +7,12 @@ docs/peak-tuning.md."""
 FULL_EFFORT_VALUES = 3500
 MIN_EFFORT_S = 4.0
 EFFORT_POWER = 1.1
+# the share of the time limit the start plan (the fast default's) may take before it returns its
+# best so far: the relaxation's bound needs the rest (at 70B under load the start took the whole
+# limit, and no bound was proven)
+START_SHARE = 0.4
+# ... but at least this long: on small graphs it is done well before, whatever the limit
+START_MIN_S = 4.0
 # share of the time limit kept back for finishing: HiGHS runs past its own limit, then the
 # result is checked
 FINISH_SHARE = 0.02

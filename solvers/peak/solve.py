@@ -10,7 +10,8 @@ with recomputation just in time; values freed after their last use). ``peak_sear
   cutting planes where its plan overshoots the simulation (``solvers.peak.cuts``);
 * plans that fit, judged by the exact simulation: cheap candidates (``solvers.peak.candidates``:
   min-cut, checkpointing, callers' plans, and the fast default's plan (``solvers.fast_peak``),
-  computed first and inside the time limit, so the search never returns a costlier plan); the
+  computed first, within a share of the time limit (``settings.START_SHARE``), so the search never
+  returns a costlier plan where the default finishes in it); the
   relaxation's plans, re-solved at lowered budgets and repaired where they nearly fit
   (``solvers.peak.repair``); on graphs of repeated layers, a dynamic program over the layers
   taking each from a different plan (``solvers.peak.layers``);
@@ -34,11 +35,13 @@ from ..options import PeakSearchOptions
 from ..problem import Plan, Problem, Status
 from .candidates import caller_plans, frontier_plans
 from .schedule import run_schedule
+from .settings import START_MIN_S, START_SHARE
 from .state import Clock, PeakState
 
 _DEFAULTS = PeakSearchOptions()
-# a plan the search starts from: (problem, peak budget, saved-bytes budget, candidates) -> plan
-StartPlan = Callable[[Problem, int, "int | None", list[set[str]]], Plan]
+# a plan the search starts from: (problem, peak budget, saved-bytes budget, candidates, deadline as a
+# time.perf_counter() time, by which it returns its best so far) -> plan
+StartPlan = Callable[[Problem, int, "int | None", list[set[str]], float], Plan]
 # above this share of the time limit spent on the fast default's plan, the plan's message says so
 DEFAULT_SHARE_NOTE = 0.5
 
@@ -58,8 +61,10 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
     while no plan fits, all of it until the search stalls. Raises PeakInfeasibleError naming the
     smallest peak found (and whether no plan can fit, proven by the relaxation).
     ``count_gradients=False`` budgets the step without its gradients (``without_gradients``).
-    ``start``: a plan to start from, computed first inside the time limit (the catalog passes the
-    fast default's, ``solvers.fast_peak``: the search never returns a costlier plan than it).
+    ``start``: a plan to start from, computed first inside the time limit and given a deadline
+    (``settings.START_SHARE`` of it) by which it returns its best so far, so the relaxation's
+    bound gets the rest (the catalog passes the fast default's, ``solvers.fast_peak``: the search
+    never returns a costlier plan than it where it finishes by then).
     ``solvers.progress`` listeners hear of each phase, best cost and bound.
     """
     if peak_budget < 0:
@@ -74,8 +79,10 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
         clock = Clock(options.time_limit_s, len(problem.candidates))
         starts = [set(c) for c in candidates]
         # the fast default's plan first (its time counts in the limit): the search never returns
-        # a costlier plan than the default's at the same budget (issues #41/#43)
-        default = [] if start is None else _start_plan(start, problem, peak_budget, budget, starts)
+        # a costlier plan than the default's at the same budget (issues #41/#43) where the default
+        # finishes in its share of the limit; past it, the default's best so far
+        deadline = clock.start + max(START_MIN_S, START_SHARE * float(options.time_limit_s))
+        default = [] if start is None else _start_plan(start, problem, peak_budget, budget, starts, deadline)
         frontier = frontier_plans(problem) + caller_plans(problem, starts) + default
         state = PeakState(problem, peak_budget, budget, clock=clock, threads=options.threads, seed=options.seed,
                           gap=options.gap, frontier=frontier)
@@ -93,10 +100,11 @@ def peak_search(problem: Problem, peak_budget: int, budget: int | None = None,
 
 
 def _start_plan(start: StartPlan, problem: Problem, peak_budget: int, budget: int | None,
-                candidates: list[set[str]]) -> list[tuple[Plan, int]]:
-    """The start's plan (the fast default's) with its simulated peak; none where it refuses."""
+                candidates: list[set[str]], deadline: float) -> list[tuple[Plan, int]]:
+    """The start's plan (the fast default's, its best by ``deadline``) with its simulated peak;
+    none where it refuses."""
     try:
-        plan = start(problem, peak_budget, budget, candidates)
+        plan = start(problem, peak_budget, budget, candidates, deadline)
     except PeakInfeasibleError:
         return []
     return [(replace(plan, solver="fast default"), int(cast(int, plan.extra["peak"])))]

@@ -10,7 +10,7 @@ same result on any machine.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..problem import Problem
 from .search import Judge, SearchState, _descend_peak
@@ -20,11 +20,14 @@ EXACT_RANK_MAX_NODES = 2000
 
 
 def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
-                 max_evaluations: int, judge: Judge | None = None) -> SearchState | None:
+                 max_evaluations: int, judge: Judge | None = None,
+                 copies: Mapping[str, Iterable[str]] | None = None) -> SearchState | None:
     """The plan reached from ``saved`` (a plan that fits) by saving recomputed values back, one
     at a time, the largest recompute gain per added saved byte first, each kept if the step still
-    fits; a value that overshoots is not tried again. At most ``max_evaluations`` simulations.
-    None when ``saved`` is no valid plan or does not fit."""
+    fits; a value that overshoots is not tried again, nor its ``copies`` (the values at its
+    position in the other repeated layers: their saving holds as many bytes over the same peak,
+    and trying each spent the simulations on 80 copies of one overshoot). At most
+    ``max_evaluations`` simulations. None when ``saved`` is no valid plan or does not fit."""
     judge = judge or Judge(problem, peak_budget, budget, math.inf, max_evaluations)
     closed = judge.close(saved)
     if closed is None:
@@ -40,8 +43,8 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
         for v in _ranked(problem, judge, st, rejected):
             if judge.out_of_time():
                 return st
-            if v not in st.recomputed:
-                continue  # saved back with an earlier one, or no longer needed
+            if v not in st.recomputed or v in rejected:
+                continue  # saved back with an earlier one, no longer needed, or a copy's overshot
             moved = judge.close(st.saved | {v})
             if moved is None or moved[2] >= st.cost:
                 continue
@@ -50,6 +53,7 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
                 st, accepted = cand, True
             else:
                 rejected.add(v)  # saving more rarely lowers the peak again: not retried
+                rejected.update(copies.get(v, ()) if copies is not None else ())
         if not accepted:
             break
     return st

@@ -125,3 +125,68 @@ def test_the_memory_is_off_with_the_environment_variable(monkeypatch):
     key = _key(p)
     plan_memory.remember(key, save_all(p).saved)
     assert plan_memory.recall(key) == [save_all(p).saved]
+
+
+def test_the_collector_is_left_as_it_was_after_a_plan_or_a_refusal():
+    # the default pauses Python's cyclic collector while it runs (speed at 70B); it must come
+    # back on after a plan and after a refusal, and stay off for a caller who turned it off
+    import gc
+
+    p = random_problem(3, n_forward=20, n_backward=16)
+    lo, hi = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
+    assert gc.isenabled()
+    fast_peak_plan(p, hi)
+    assert gc.isenabled()
+    with pytest.raises(PeakInfeasibleError):
+        fast_peak_plan(p, lo - 1)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fast_peak_plan(p, hi)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_spending_tries_no_copy_of_a_value_that_overshot():
+    # on repeated layers a value whose saving overshoots rules out its copies in the other layers
+    # (at 70B each of 80 copies was simulated in turn); every simulated move is logged here
+    import math
+
+    from solvers.peak.layers import find_layers
+    from solvers.peak.search import Judge
+    from solvers.peak.spend import spend_budget
+
+    tried = 0
+    for seed in range(6):
+        p = repeated_problem(seed, layers=8, per_layer=6)
+        layers = find_layers(p)
+        if layers is None:
+            continue
+        position = {v: i for i, col in enumerate(zip(*layers.slots)) for v in col}
+        copies = {v: col for col in zip(*layers.slots) for v in col}
+        start = uniform_checkpoints(p, (1,))[0]
+        lo, hi = simulate_plan(p, start.saved).peak, simulate_plan(p, save_all(p).saved).peak
+        for share in (0.2, 0.5, 0.8):
+            budget = lo + int(share * (hi - lo))
+            judge = Judge(p, budget, None, math.inf, 500)
+            moves: list[tuple[frozenset[str], bool]] = []
+            state = judge.state
+
+            def logged(closed, state=state, moves=moves, judge=judge):
+                st = state(closed)
+                moves.append((st.saved, judge.over(st) == 0))
+                return st
+
+            judge.state = logged
+            spend_budget(p, start.saved, budget, max_evaluations=500, judge=judge, copies=copies)
+            accepted, rejected_positions = moves[0][0], set()
+            for saved, fits in moves[1:]:
+                added = {position[v] for v in saved - accepted if v in position}
+                assert not added & rejected_positions, (seed, share)
+                tried += 1
+                if fits:
+                    accepted = saved
+                elif len(saved - accepted) == 1:
+                    rejected_positions |= added
+    assert tried > 20

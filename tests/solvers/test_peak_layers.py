@@ -78,3 +78,44 @@ def test_the_layers_own_trade_off_saves_more_and_recomputes_less_each_step():
             last, last_cost = option, cost
             checked += 1
     assert checked, "no nested option on any problem: the test checks nothing"
+
+
+
+def _model_fits(chain, peaks: list[int], forward: int, target: int, unit: int) -> bool:
+    """The layer program's model of a chain of options, written out: layer by layer."""
+    held = 0  # in units, rounded up per layer as the program counts them
+    for peak, o in zip(peaks, chain):
+        if peak + held * unit + o.own > target:
+            return False
+        held += -(-o.held // unit)
+    return forward + held * unit <= target
+
+
+def test_the_layer_program_finds_the_least_cost_chain_that_its_model_fits():
+    """The dynamic program (array steps over states x options) against every chain enumerated:
+    the same least cost, and its chain fits the model it was built on."""
+    import itertools
+    import random
+
+    from solvers.peak.layers import _best_chain, _Option
+
+    rng = random.Random(3)
+    unit = 10
+    for _ in range(300):
+        n = rng.randint(2, 4)
+        # bytes on a coarse grid, so that peaks meet the target exactly (the boundary counts)
+        options, last = ([_Option(frozenset({i}), rng.choice([0.0, 1.0, 2.5, -1.0, 0.5]), 5 * rng.randint(-6, 8),
+                                  rng.randint(-25, 60)) for i in range(rng.randint(1, 4))] for _ in range(2))
+        peaks = [10 * rng.randint(5, 12) for _ in range(n)]
+        forward, target = 10 * rng.randint(4, 15), 10 * rng.randint(10, 26)
+        chains = [c for c in itertools.product(*([options] * (n - 1) + [last]))
+                  if _model_fits(c, peaks, forward, target, unit)]
+        got = _best_chain(options, last, peaks, forward, target, unit)
+        if not chains:
+            assert got is None
+            continue
+        assert got is not None
+        picked = [next(o for o in options if o.positions == p) for p in got[:-1]]
+        picked.append(next(o for o in last if o.positions == got[-1]))
+        assert _model_fits(picked, peaks, forward, target, unit)
+        assert abs(sum(o.cost for o in picked) - min(sum(o.cost for o in c) for c in chains)) < 1e-9

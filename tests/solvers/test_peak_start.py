@@ -2,6 +2,8 @@
 ``cpsat`` (the search with a proven gap) never gets a costlier plan than the default's at the
 same budget, even where the search's time limit is too short for it to find that plan itself."""
 
+import time
+
 from support.random_problems import random_problem, repeated_problem
 
 from solvers.baselines import save_all
@@ -9,7 +11,8 @@ from solvers.catalog import solve_peak
 from solvers.fast_peak import fast_peak_plan
 from solvers.liveness import peak_lower_bound, simulate_plan
 from solvers.options import PeakSearchOptions
-from solvers.peak import PeakInfeasibleError
+from solvers.peak import PeakInfeasibleError, peak_search
+from solvers.peak.settings import START_MIN_S, START_SHARE
 from solvers.problem import check_plan
 
 # a short limit: on these graphs a 0.3 s search alone returned costlier plans than the default's
@@ -56,3 +59,32 @@ def test_the_default_start_respects_a_saved_bytes_budget():
         return
     assert plan.saved_bytes <= saved_budget
     assert simulate_plan(p, plan.saved).peak <= peak_budget
+
+
+def test_a_start_cut_short_by_its_deadline_still_fits():
+    # the peak search gives the default's start a deadline (a share of its limit); a start past
+    # it skips the layer mix and the spending and returns its best plan so far, which fits
+    p = repeated_problem(1, layers=8, per_layer=6)
+    lo, hi = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
+    budget = int(lo + 0.6 * (hi - lo))
+    full = fast_peak_plan(p, budget)
+    short = fast_peak_plan(p, budget, deadline=time.perf_counter())
+    assert not full.extra["cut_short"] and short.extra["cut_short"]
+    assert check_plan(p, short).valid and simulate_plan(p, short.saved).peak <= budget
+    assert fast_peak_plan(p, budget).saved == full.saved  # no deadline: the same plan again
+
+
+def test_the_search_gives_its_start_a_share_of_the_limit():
+    p = repeated_problem(1, layers=8, per_layer=6)
+    lo, hi = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
+    budget = int(lo + 0.6 * (hi - lo))
+    given: list[float] = []
+
+    def start(q, peak, saved, starts, deadline):
+        given.append(deadline - time.perf_counter())
+        return fast_peak_plan(q, peak, saved, candidates=starts, deadline=deadline)
+
+    for limit in (1.0, 20.0):
+        plan = peak_search(p, budget, options=PeakSearchOptions(time_limit_s=limit, gap=0.5), start=start)
+        assert 0 < given[-1] <= max(START_MIN_S, START_SHARE * limit)
+        assert plan.extra["default_time_s"] is not None
