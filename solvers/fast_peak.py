@@ -69,40 +69,40 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                    candidates: Iterable[Iterable[str]] = (), count_gradients: bool = True) -> Plan:
     """The cheapest plan found (see the module doc) whose simulated step peak is at most
     ``peak_budget`` bytes and whose saved bytes are at most ``budget``. Raises
-    PeakInfeasibleError naming the smallest peak found when none fits.
+    PeakInfeasibleError naming the smallest peak met when the budget is below it (``_lowest_met``:
+    the budgets met are exactly those from it up).
     ``count_gradients=False`` budgets the step without its gradients."""
     start = time.perf_counter()
     if not count_gradients:
         problem = without_gradients(problem)
     pool = _pool(problem, candidates)
     found = list(pool)
+    proven = False
+    if len(problem.candidates) <= RELAXED_MAX_VALUES:
+        relaxed = relaxed_plans(problem, peak_budget, budget)
+        found += relaxed.plans
+        proven = relaxed.infeasible
+    lowest, unsteered = (None, []) if proven else _lowest_met(problem, pool, peak_budget, budget)
+    if lowest is None or peak_budget < lowest:
+        # below the lowest peak of the plans no budget steers: refused, even where a plan steered by
+        # this budget fits (rare), so that the budgets met are exactly those from that peak up
+        smallest = lowest if lowest is not None else _smallest(pool, budget)
+        raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
+    found += unsteered
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
         # no deadline: the options measured are bounded by the pool's distinct layers
         found += layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
                              budget, deadline=math.inf)
-    proven = False
-    if len(problem.candidates) <= RELAXED_MAX_VALUES:
-        relaxed = relaxed_plans(problem, peak_budget, budget)
-        found += relaxed.plans
-        proven = relaxed.infeasible
-    if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
-        found += _spent(problem, found, peak_budget, budget)
+    found += _spent(problem, found, peak_budget, budget)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
             found += swapped
             found += _spent(problem, swapped, peak_budget, budget, starts=1)
     best = cheapest_fitting(found, peak_budget, budget)
-    if best is None and not proven:
-        found += _refusal_plans(problem, budget)
-        if cheapest_fitting(found, peak_budget, budget) is not None:
-            found += _spent(problem, found, peak_budget, budget)
-        best = cheapest_fitting(found, peak_budget, budget)
-    if best is None:
-        smallest = min((peak for p, peak in found if budget is None or p.saved_bytes <= budget), default=None)
-        raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
+    assert best is not None  # a plan of the pool or of the refusal plans fits (_lowest_met)
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="default", status=Status.HEURISTIC,
@@ -173,6 +173,24 @@ def _lowest(found: list[tuple[Plan, int]]) -> list[tuple[Plan, int]]:
     """The lowest peaks of the structural plans and of the others (relaxation's: cheaper)."""
     order = sorted(found, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
     return order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
+
+
+def _lowest_met(problem: Problem, pool: list[tuple[Plan, int]], peak_budget: int,
+                budget: int | None) -> tuple[int | None, list[tuple[Plan, int]]]:
+    """The lowest peak budget met, and the plans no budget steers beyond the pool: the pool's
+    lowest peak where the budget is at least that (nothing more is needed), else the lowest
+    among the pool's and ``_refusal_plans``'. Neither depends on ``peak_budget`` beyond that
+    test, so the budgets met are exactly those from it up (monotone, one call each)."""
+    top = _smallest(pool, budget)
+    if top is not None and peak_budget >= top:
+        return top, []
+    refusal = _refusal_plans(problem, budget)
+    return _smallest(pool + refusal, budget), refusal
+
+
+def _smallest(plans: list[tuple[Plan, int]], budget: int | None) -> int | None:
+    """The lowest peak among ``plans`` within the saved-bytes ``budget``."""
+    return min((peak for p, peak in plans if budget is None or p.saved_bytes <= budget), default=None)
 
 
 def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int]]:
