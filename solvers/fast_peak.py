@@ -31,14 +31,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import cast
 
-from .baselines import uniform_checkpoints
 from .budget import format_bytes
-from .errors import InfeasibleError, PeakInfeasibleError, PlanError
+from .errors import PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, simulate_plan, without_gradients
-from .mincut import lam_range, solve_mincut
-from .peak.candidates import cheapest_fitting, checkpoint_plans
+from .peak.candidates import EVERY, cheapest_fitting, lam_weights, structural_plans
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
@@ -46,8 +43,6 @@ from .peak.search import SearchState
 from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
-# checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
-EVERY = (1, 2, 4, 8)
 # min-cut weights between lam_range's extremes (geometric): their plans' layers are the layer
 # mix's options, so fewer weights give a faster but costlier mix
 LAMS = 6
@@ -247,31 +242,5 @@ def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[P
 
 
 def _structural_plans(problem: Problem) -> list[tuple[Plan, int]]:
-    """Checkpointing and min-cut plans, each once, with their simulated peaks."""
-    bounds_n: int | None = None
-    plans: list[Plan] = []
-    checkpoints = uniform_checkpoints(problem, EVERY)
-    if checkpoints:
-        bounds_n = cast("int | None", checkpoints[0].extra.get("n_boundaries"))
-    if bounds_n:
-        root = max(1, math.ceil(math.sqrt(bounds_n)))
-        if root not in EVERY:
-            checkpoints += uniform_checkpoints(problem, (root,))
-    plans += checkpoints
-    lo, hi = lam_range(problem)
-    for weight in [lo * (hi / max(lo, 1e-300)) ** (i / (LAMS - 1)) for i in range(LAMS)]:
-        try:
-            plans.append(solve_mincut(problem, weight))
-        except InfeasibleError:
-            continue
-    seen: set[frozenset[str]] = set()
-    out = []
-    for plan in plans:
-        if plan.saved not in seen:
-            seen.add(plan.saved)
-            out.append((plan, simulate_plan(problem, plan.saved).peak))
-    for plan, peak in checkpoint_plans(problem):  # narrow cuts: the lowest peaks where blocks are unknown
-        if plan.saved not in seen:
-            seen.add(plan.saved)
-            out.append((plan, peak))
-    return out
+    """Checkpointing and min-cut plans (``LAMS`` weights), each once, with their simulated peaks."""
+    return structural_plans(problem, lam_weights(problem, LAMS), EVERY)
