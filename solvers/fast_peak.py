@@ -192,8 +192,9 @@ def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int
     """Before a refusal: plans found with no peak budget steering them, so every budget from the
     lowest peak among them up is met (the budget-steered plans above miss some: a refusal between
     two budgets met). On small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread
-    between the floor and the structural plans' lowest peak; then the plans met descending on the
-    peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
+    between the floor and the structural plans' lowest peak, each with the descent-then-spend to its
+    budget from its lowest plan (as the default at that budget); then the plans met descending on
+    the peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
     per problem."""
     def make(p: Problem) -> list[tuple[Plan, int]]:
         structural = p.derived("fast_peak.structural_plans", _structural_plans)
@@ -203,7 +204,13 @@ def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int
         out: list[tuple[Plan, int]] = []
         if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES:
             for target in targets:
-                out += relaxed_plans(p, target, budget).plans
+                relaxed = relaxed_plans(p, target, budget).plans
+                out += relaxed
+                if relaxed:  # as the default at this budget: the descent from the relaxation's lowest plan
+                    low = min(relaxed, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
+                    st = fit_then_spend(p, low.saved, target, budget, max_evaluations=_evaluations(p))
+                    if st is not None:
+                        out.append((plan_from_saved(p, st.saved, solver="spent", status=Status.HEURISTIC), st.peak))
         starts = [plan.saved for plan, _ in _lowest(structural + out)]
         # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
         evaluations = _evaluations(p) // (1 if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES else 2)
