@@ -19,7 +19,8 @@ Every plan is judged by the exact simulation of the step (``solvers.liveness``):
   fits; where none fits, the local search's descent on the overshoot from the lowest peaks first;
 * on graphs of repeated layers, the best plan with its decisions outside the layers taken from
   each pool plan (``_outside_swaps``), spent again;
-* before a refusal, plans no budget steers (``_refusal_plans``), once per problem.
+* below every pool plan's peak, plans no budget steers (``_refusal_plans``, once per problem):
+  the budgets met are exactly those from the lowest peak among them up (``_lowest_met``).
 
 The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
 (simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
