@@ -173,14 +173,16 @@ def _lowest(found: list[tuple[Plan, int]]) -> list[tuple[Plan, int]]:
 
 def _lowest_met(problem: Problem, pool: list[tuple[Plan, int]], peak_budget: int,
                 budget: int | None) -> tuple[int | None, list[tuple[Plan, int]]]:
-    """The lowest peak budget met, and the plans no budget steers beyond the pool: the pool's
-    lowest peak where the budget is at least that (nothing more is needed), else the lowest
-    among the pool's and ``_refusal_plans``'. Neither depends on ``peak_budget`` beyond that
-    test, so the budgets met are exactly those from it up (monotone, one call each)."""
+    """Whether the budget is met: the lowest peak of the plans no budget steers, and those plans
+    beyond the pool. The pool's lowest peak where the budget is at least that; else the refusal
+    plans (``_refusal_plans``) in their fixed order until one fits the budget (the lowest among
+    them and the pool's, all of them where none fits). Which budgets are met does not depend on
+    the budget otherwise: exactly those from the lowest peak of all these plans up (monotone, one
+    call each); stopping at the first that fits only saves the rest's work."""
     top = _smallest(pool, budget)
     if top is not None and peak_budget >= top:
         return top, []
-    refusal = _refusal_plans(problem, budget)
+    refusal = _refusal_plans(problem, budget, peak_budget)
     return _smallest(pool + refusal, budget), refusal
 
 
@@ -189,37 +191,51 @@ def _smallest(plans: list[tuple[Plan, int]], budget: int | None) -> int | None:
     return min((peak for p, peak in plans if budget is None or p.saved_bytes <= budget), default=None)
 
 
-def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int]]:
-    """Before a refusal: plans found with no peak budget steering them, so every budget from the
-    lowest peak among them up is met (the budget-steered plans above miss some: a refusal between
-    two budgets met). On small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread
-    between the floor and the structural plans' lowest peak, each with the descent-then-spend to its
+def _refusal_plans(problem: Problem, budget: int | None, enough: int | None = None) -> list[tuple[Plan, int]]:
+    """Plans found with no peak budget steering them, so every budget from the lowest peak among
+    them up is met (the budget-steered plans miss some: a refusal between two budgets met). On
+    small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread between the floor and
+    the structural plans' lowest peak, the highest first, each with the descent-then-spend to its
     budget from its lowest plan (as the default at that budget); then the plans met descending on
-    the peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
-    per problem."""
-    def make(p: Problem) -> list[tuple[Plan, int]]:
-        structural = p.derived("fast_peak.structural_plans", _structural_plans)
-        floor = peak_lower_bound(p)
-        top = min((peak for _, peak in structural), default=floor)
-        targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
-        out: list[tuple[Plan, int]] = []
-        if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES:
-            for target in targets:
-                relaxed = relaxed_plans(p, target, budget).plans
-                out += relaxed
-                if relaxed:  # as the default at this budget: the descent from the relaxation's lowest plan
-                    low = min(relaxed, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
-                    st = fit_then_spend(p, low.saved, target, budget, max_evaluations=_evaluations(p))
-                    if st is not None:
-                        out.append((plan_from_saved(p, st.saved, solver="spent", status=Status.HEURISTIC), st.peak))
-        starts = [plan.saved for plan, _ in _lowest(structural + out)]
-        # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
-        evaluations = _evaluations(p) // (1 if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES else 2)
-        for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations):
-            out.append((plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak))
-        return out
+    the peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Made in this
+    order, once per problem, up to the first part with a plan peaking at most ``enough`` (None:
+    all)."""
+    p = problem
+    structural = p.derived("fast_peak.structural_plans", _structural_plans)
+    floor = peak_lower_bound(p)
+    top = min((peak for _, peak in structural), default=floor)
+    targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
+    small = len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES
+    parts: list[list[tuple[Plan, int]]] = p.derived(f"fast_peak.refusal_plans.{budget}", lambda _: [])
+    out: list[tuple[Plan, int]] = []
+    # the parts this budget needs, whatever earlier calls made: the same plans for the same budget
+    for i in range((len(targets) if small else 0) + 1):
+        if i == len(parts):
+            parts.append(_refusal_part(p, structural, out, targets, i, small, budget))
+        out += parts[i]
+        lowest = _smallest(out, budget)
+        if enough is not None and lowest is not None and lowest <= enough:
+            break
+    return out
 
-    return problem.derived(f"fast_peak.refusal_plans.{budget}", make)
+
+def _refusal_part(p: Problem, structural: list[tuple[Plan, int]], made: list[tuple[Plan, int]],
+                  targets: list[int], i: int, small: bool, budget: int | None) -> list[tuple[Plan, int]]:
+    """Part ``i`` of ``_refusal_plans``, after the parts ``made``."""
+    if small and i < len(targets):
+        relaxed = relaxed_plans(p, targets[i], budget).plans
+        part = list(relaxed)
+        if relaxed:  # as the default at this budget: the descent from the relaxation's lowest plan
+            low = min(relaxed, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
+            st = fit_then_spend(p, low.saved, targets[i], budget, max_evaluations=_evaluations(p))
+            if st is not None:
+                part.append((plan_from_saved(p, st.saved, solver="spent", status=Status.HEURISTIC), st.peak))
+        return part
+    starts = [plan.saved for plan, _ in _lowest(structural + made)]
+    # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
+    evaluations = _evaluations(p) // (1 if small else 2)
+    return [(plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak)
+            for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations)]
 
 
 def _evaluations(problem: Problem) -> int:
