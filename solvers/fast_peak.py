@@ -209,9 +209,14 @@ def _refusal_plans(problem: Problem, budget: int | None, enough: int | None = No
     parts: list[list[tuple[Plan, int]]] = p.derived(f"fast_peak.refusal_plans.{budget}", lambda _: [])
     out: list[tuple[Plan, int]] = []
     # the parts this budget needs, whatever earlier calls made: the same plans for the same budget
-    for i in range((len(targets) if small else 0) + 1):
+    last = len(targets) if small else 0
+    for i in range(last + 1):
         if i == len(parts):
-            parts.append(_refusal_part(p, structural, out, targets, i, small, budget))
+            part = _refusal_part(p, structural, out, targets, i, small, budget, enough if i == last else None)
+            lowest = _smallest(part, budget)
+            if i == last and enough is not None and lowest is not None and lowest <= enough:
+                return out + part  # stopped at a plan that meets ``enough``: a prefix, not kept
+            parts.append(part)
         out += parts[i]
         lowest = _smallest(out, budget)
         if enough is not None and lowest is not None and lowest <= enough:
@@ -220,8 +225,10 @@ def _refusal_plans(problem: Problem, budget: int | None, enough: int | None = No
 
 
 def _refusal_part(p: Problem, structural: list[tuple[Plan, int]], made: list[tuple[Plan, int]],
-                  targets: list[int], i: int, small: bool, budget: int | None) -> list[tuple[Plan, int]]:
-    """Part ``i`` of ``_refusal_plans``, after the parts ``made``."""
+                  targets: list[int], i: int, small: bool, budget: int | None,
+                  enough: int | None = None) -> list[tuple[Plan, int]]:
+    """Part ``i`` of ``_refusal_plans``, after the parts ``made``; the last one stops at a plan
+    peaking at most ``enough`` (``spend.lowest_peaks``)."""
     if small and i < len(targets):
         relaxed = relaxed_plans(p, targets[i], budget).plans
         part = list(relaxed)
@@ -235,7 +242,8 @@ def _refusal_part(p: Problem, structural: list[tuple[Plan, int]], made: list[tup
     # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
     evaluations = _evaluations(p) // (1 if small else 2)
     return [(plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak)
-            for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations)]
+            for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations,
+                                               enough=enough)]
 
 
 def _evaluations(problem: Problem) -> int:
