@@ -72,11 +72,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
     if not count_gradients:
         problem = without_gradients(problem)
     pool = _pool(problem, candidates)
-    found = list(pool)
+    steered: list[tuple[Plan, int]] = []
     proven = False
     if len(problem.candidates) <= RELAXED_MAX_VALUES:
         relaxed = relaxed_plans(problem, peak_budget, budget)
-        found += relaxed.plans
+        steered += relaxed.plans
         proven = relaxed.infeasible
     lowest, unsteered = (None, []) if proven else _lowest_met(problem, pool, peak_budget, budget)
     if lowest is None or peak_budget < lowest:
@@ -84,19 +84,29 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         # this budget fits (rare), so that the budgets met are exactly those from that peak up
         smallest = lowest if lowest is not None else _smallest(pool, budget)
         raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
-    found += unsteered
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
         # no deadline: the options measured are bounded by the pool's distinct layers
-        found += layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
-                             budget, deadline=math.inf)
+        steered = layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
+                              budget, deadline=math.inf) + steered
+    found = pool + steered
+    # the refusal plans are no starts here: they would displace the starts the spending and the
+    # descents get (costlier plans on random problems); they are candidates, and spent, below
     found += _spent(problem, found, peak_budget, budget)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
             found += swapped
             found += _spent(problem, swapped, peak_budget, budget, starts=1)
+    if unsteered:
+        before = cheapest_fitting(found, peak_budget, budget)
+        found += unsteered
+        best = cheapest_fitting(found, peak_budget, budget)
+        if before is None:  # only they fit: spent as the others would be
+            found += _spent(problem, found, peak_budget, budget)
+        elif best is not None and best is not before:
+            found += _spent(problem, [best], peak_budget, budget, starts=1)
     best = cheapest_fitting(found, peak_budget, budget)
     assert best is not None  # a plan of the pool or of the refusal plans fits (_lowest_met)
     plan, peak = best
