@@ -20,7 +20,8 @@ Every plan is judged by the exact simulation of the step (``solvers.liveness``):
   that fit, recomputed values are saved back, most recompute per byte first, while the step
   fits (on repeated layers, a value that overshoots rules out its copies in the other layers);
   where none fits, the local search's descent on the overshoot from the lowest peaks first;
-* before a refusal, plans no budget steers (``_refusal_plans``), once per problem.
+* below every pool plan's peak, plans no budget steers (``_refusal_plans``, once per problem):
+  the budgets met are exactly those from the lowest peak among them up (``_lowest_met``).
 
 The cheapest plan that fits wins (ties: fewer saved bytes). The work is bounded by counts
 (simulations, ``SPEND_WORK``), never by a clock, so the same problem and budget give the same
@@ -35,14 +36,12 @@ import gc
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import ParamSpec, TypeVar, cast
+from typing import ParamSpec, TypeVar
 
-from .baselines import uniform_checkpoints
 from .budget import format_bytes
-from .errors import InfeasibleError, PeakInfeasibleError, PlanError
+from .errors import PeakInfeasibleError, PlanError
 from .liveness import peak_lower_bound, without_gradients
-from .mincut import lam_range, solve_mincut
-from .peak.candidates import cheapest_fitting, checkpoint_plans, simulated_peak
+from .peak.candidates import EVERY, cheapest_fitting, lam_weights, simulated_peak, structural_plans
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import relaxed_plans
@@ -52,8 +51,6 @@ from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 P = ParamSpec("P")
 R = TypeVar("R")
-# checkpoint spacings tried (with sqrt(n)): the ones people write; each more costs a simulation
-EVERY = (1, 2, 4, 8)
 # min-cut weights between lam_range's extremes (geometric): their plans' layers are the layer
 # mix's options, so fewer weights give a faster but costlier mix
 LAMS = 6
@@ -93,46 +90,57 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
                    deadline: float = math.inf) -> Plan:
     """The cheapest plan found (see the module doc) whose simulated step peak is at most
     ``peak_budget`` bytes and whose saved bytes are at most ``budget``. Raises
-    PeakInfeasibleError naming the smallest peak found when none fits.
+    PeakInfeasibleError naming the smallest peak met when the budget is below it (``_lowest_met``:
+    the budgets met are exactly those from it up).
     ``count_gradients=False`` budgets the step without its gradients. ``deadline`` (a
     ``time.perf_counter()`` time; none by default, so the plan depends on the problem alone):
     the layer mix and the spending stop there, and the best plan by then is returned
-    (``extra["cut_short"]``); the peak search's start passes one so its bound gets time."""
+    (``extra["cut_short"]``); the peak search's start passes one so its bound gets time. Which
+    budgets are refused does not depend on it."""
     start = time.perf_counter()
     if not count_gradients:
         problem = without_gradients(problem)
     pool = _pool(problem, candidates)
-    found = list(pool)
+    steered: list[tuple[Plan, int]] = []
+    proven = False
+    if len(problem.candidates) <= RELAXED_MAX_VALUES:
+        relaxed = relaxed_plans(problem, peak_budget, budget)
+        steered += relaxed.plans
+        proven = relaxed.infeasible
+    lowest, unsteered = (None, []) if proven else _lowest_met(problem, pool, peak_budget, budget)
+    if lowest is None or peak_budget < lowest:
+        # below the lowest peak of the plans no budget steers: refused, even where a plan steered by
+        # this budget fits (rare), so that the budgets met are exactly those from that peak up
+        smallest = lowest if lowest is not None else _smallest(pool, budget)
+        raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
     layers = find_layers(problem)
     every = next((p for p, _ in pool if p.extra.get("every") == 1), None)
     if layers is not None and every is not None:
         # no deadline by default: the options measured are bounded by the pool's distinct layers
-        found += layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
-                             budget, deadline=deadline)
-    proven = False
-    if len(problem.candidates) <= RELAXED_MAX_VALUES:
-        relaxed = relaxed_plans(problem, peak_budget, budget)
-        found += relaxed.plans
-        proven = relaxed.infeasible
+        steered = layer_plans(problem, layers, every.saved, [p.saved for p, _ in pool], peak_budget,
+                              budget, deadline=deadline) + steered
+    found = pool + steered
     if layers is not None:
         # the outside from the pool before spending too: the spending starts from the cheapest
         found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
-    if not proven or cheapest_fitting(found, peak_budget, budget) is not None:
-        found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
+    # the refusal plans are no starts here: they would displace the starts the spending and the
+    # descents get (costlier plans on random problems); they are candidates, and spent, below
+    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
             found += swapped
             found += _spent(problem, swapped, peak_budget, budget, starts=1, layers=layers, deadline=deadline)
-    best = cheapest_fitting(found, peak_budget, budget)
-    if best is None and not proven and time.perf_counter() < deadline:
-        found += _refusal_plans(problem, budget)
-        if cheapest_fitting(found, peak_budget, budget) is not None:
-            found += _spent(problem, found, peak_budget, budget)
+    if unsteered:
+        before = cheapest_fitting(found, peak_budget, budget)
+        found += unsteered
         best = cheapest_fitting(found, peak_budget, budget)
-    if best is None:
-        smallest = min((peak for p, peak in found if budget is None or p.saved_bytes <= budget), default=None)
-        raise PeakInfeasibleError(peak_budget, smallest, False, peak_lower_bound(problem), infeasible_proven=proven)
+        if before is None:  # only they fit: spent as the others would be
+            found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
+        elif best is not None and best is not before:
+            found += _spent(problem, [best], peak_budget, budget, starts=1, layers=layers, deadline=deadline)
+    best = cheapest_fitting(found, peak_budget, budget)
+    assert best is not None  # a plan of the pool or of the refusal plans fits (_lowest_met)
     plan, peak = best
     return Plan(saved=plan.saved, recomputed=plan.recomputed, saved_bytes=plan.saved_bytes,
                 recompute_cost=plan.recompute_cost, solver="default", status=Status.HEURISTIC,
@@ -213,30 +221,79 @@ def _lowest(found: list[tuple[Plan, int]]) -> list[tuple[Plan, int]]:
     return order[:1] + [x for x in order if x[0].solver != order[0][0].solver][:DESCEND_STARTS - 1]
 
 
-def _refusal_plans(problem: Problem, budget: int | None) -> list[tuple[Plan, int]]:
-    """Before a refusal: plans found with no peak budget steering them, so every budget from the
-    lowest peak among them up is met (the budget-steered plans above miss some: a refusal between
-    two budgets met). On small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread
-    between the floor and the structural plans' lowest peak; then the plans met descending on the
-    peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Computed once
-    per problem."""
-    def make(p: Problem) -> list[tuple[Plan, int]]:
-        structural = p.derived("fast_peak.structural_plans", _structural_plans)
-        floor = peak_lower_bound(p)
-        top = min((peak for _, peak in structural), default=floor)
-        targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
-        out: list[tuple[Plan, int]] = []
-        if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES:
-            for target in targets:
-                out += relaxed_plans(p, target, budget).plans
-        starts = [plan.saved for plan, _ in _lowest(structural + out)]
-        # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
-        evaluations = _evaluations(p) // (1 if len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES else 2)
-        for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations):
-            out.append((plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak))
-        return out
+def _lowest_met(problem: Problem, pool: list[tuple[Plan, int]], peak_budget: int,
+                budget: int | None) -> tuple[int | None, list[tuple[Plan, int]]]:
+    """Whether the budget is met: the lowest peak of the plans no budget steers, and those plans
+    beyond the pool. The pool's lowest peak where the budget is at least that; else the refusal
+    plans (``_refusal_plans``) in their fixed order until one fits the budget (the lowest among
+    them and the pool's, all of them where none fits). Which budgets are met does not depend on
+    the budget otherwise: exactly those from the lowest peak of all these plans up (monotone, one
+    call each); stopping at the first that fits only saves the rest's work."""
+    top = _smallest(pool, budget)
+    if top is not None and peak_budget >= top:
+        return top, []
+    refusal = _refusal_plans(problem, budget, peak_budget)
+    return _smallest(pool + refusal, budget), refusal
 
-    return problem.derived(f"fast_peak.refusal_plans.{budget}", make)
+
+def _smallest(plans: list[tuple[Plan, int]], budget: int | None) -> int | None:
+    """The lowest peak among ``plans`` within the saved-bytes ``budget``."""
+    return min((peak for p, peak in plans if budget is None or p.saved_bytes <= budget), default=None)
+
+
+def _refusal_plans(problem: Problem, budget: int | None, enough: int | None = None) -> list[tuple[Plan, int]]:
+    """Plans found with no peak budget steering them, so every budget from the lowest peak among
+    them up is met (the budget-steered plans miss some: a refusal between two budgets met). On
+    small graphs the relaxation's plans at ``REFUSAL_GRID`` budgets spread between the floor and
+    the structural plans' lowest peak, the highest first, each with the descent-then-spend to its
+    budget from its lowest plan (as the default at that budget); then the plans met descending on
+    the peak to the same budgets from the lowest-peak plans (``spend.lowest_peaks``). Made in this
+    order, once per problem, up to the first part with a plan peaking at most ``enough`` (None:
+    all)."""
+    p = problem
+    structural = p.derived("fast_peak.structural_plans", _structural_plans)
+    floor = peak_lower_bound(p)
+    top = min((peak for _, peak in structural), default=floor)
+    targets = [floor + (top - floor) * i // REFUSAL_GRID for i in range(REFUSAL_GRID - 1, -1, -1)]
+    small = len(p.candidates) <= REFUSAL_RELAXED_MAX_VALUES
+    parts: list[list[tuple[Plan, int]]] = p.derived(f"fast_peak.refusal_plans.{budget}", lambda _: [])
+    out: list[tuple[Plan, int]] = []
+    # the parts this budget needs, whatever earlier calls made: the same plans for the same budget
+    last = len(targets) if small else 0
+    for i in range(last + 1):
+        if i == len(parts):
+            part = _refusal_part(p, structural, out, targets, i, small, budget, enough if i == last else None)
+            lowest = _smallest(part, budget)
+            if i == last and enough is not None and lowest is not None and lowest <= enough:
+                return out + part  # stopped at a plan that meets ``enough``: a prefix, not kept
+            parts.append(part)
+        out += parts[i]
+        lowest = _smallest(out, budget)
+        if enough is not None and lowest is not None and lowest <= enough:
+            break
+    return out
+
+
+def _refusal_part(p: Problem, structural: list[tuple[Plan, int]], made: list[tuple[Plan, int]],
+                  targets: list[int], i: int, small: bool, budget: int | None,
+                  enough: int | None = None) -> list[tuple[Plan, int]]:
+    """Part ``i`` of ``_refusal_plans``, after the parts ``made``; the last one stops at a plan
+    peaking at most ``enough`` (``spend.lowest_peaks``)."""
+    if small and i < len(targets):
+        relaxed = relaxed_plans(p, targets[i], budget).plans
+        part = list(relaxed)
+        if relaxed:  # as the default at this budget: the descent from the relaxation's lowest plan
+            low = min(relaxed, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
+            st = fit_then_spend(p, low.saved, targets[i], budget, max_evaluations=_evaluations(p))
+            if st is not None:
+                part.append((plan_from_saved(p, st.saved, solver="spent", status=Status.HEURISTIC), st.peak))
+        return part
+    starts = [plan.saved for plan, _ in _lowest(structural + made)]
+    # halved beyond the small graphs: Mixtral's refusals took 4 s of CPU with the whole count
+    evaluations = _evaluations(p) // (1 if small else 2)
+    return [(plan_from_saved(p, saved, solver="spent", status=Status.HEURISTIC), peak)
+            for saved, peak, _ in lowest_peaks(p, starts, targets, budget, max_evaluations=evaluations,
+                                               enough=enough)]
 
 
 def _evaluations(problem: Problem) -> int:
@@ -267,31 +324,5 @@ def _pool(problem: Problem, candidates: Iterable[Iterable[str]]) -> list[tuple[P
 
 
 def _structural_plans(problem: Problem) -> list[tuple[Plan, int]]:
-    """Checkpointing and min-cut plans, each once, with their simulated peaks."""
-    bounds_n: int | None = None
-    plans: list[Plan] = []
-    checkpoints = uniform_checkpoints(problem, EVERY)
-    if checkpoints:
-        bounds_n = cast("int | None", checkpoints[0].extra.get("n_boundaries"))
-    if bounds_n:
-        root = max(1, math.ceil(math.sqrt(bounds_n)))
-        if root not in EVERY:
-            checkpoints += uniform_checkpoints(problem, (root,))
-    plans += checkpoints
-    lo, hi = lam_range(problem)
-    for weight in [lo * (hi / max(lo, 1e-300)) ** (i / (LAMS - 1)) for i in range(LAMS)]:
-        try:
-            plans.append(solve_mincut(problem, weight))
-        except InfeasibleError:
-            continue
-    seen: set[frozenset[str]] = set()
-    out = []
-    for plan in plans:
-        if plan.saved not in seen:
-            seen.add(plan.saved)
-            out.append((plan, simulated_peak(problem, plan.saved)))
-    for plan, peak in checkpoint_plans(problem):  # narrow cuts: the lowest peaks where blocks are unknown
-        if plan.saved not in seen:
-            seen.add(plan.saved)
-            out.append((plan, peak))
-    return out
+    """Checkpointing and min-cut plans (``LAMS`` weights), each once, with their simulated peaks."""
+    return structural_plans(problem, lam_weights(problem, LAMS), EVERY)

@@ -4,12 +4,18 @@ plans; each with its simulated peak; the cheapest of them that fits (``cheapest_
 
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from collections.abc import Iterable, Sequence
 
+from ..baselines import uniform_checkpoints
 from ..blocks import find_blocks
 from ..liveness import narrow_cut_values, simulator
 from ..errors import InfeasibleError, PlanError
+from ..mincut import lam_range, solve_mincut
 from ..problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure
+
+# what torch.utils.checkpoint every k-th block does, the spacings people write
+EVERY = (1, 2, 4, 8)
 
 
 def simulated_peak(problem: Problem, saved: Iterable[str]) -> int:
@@ -19,22 +25,46 @@ def simulated_peak(problem: Problem, saved: Iterable[str]) -> int:
 
 
 def frontier_plans(problem: Problem) -> list[tuple[Plan, int]]:
-    """Min-cut plans across the memory/recompute trade-off, and checkpointing plans, with their
-    simulated peaks: cheap candidates (warm start, fallback, search starts, the smallest peak
-    found) computed once per solve."""
-    from ..mincut import lam_range, solve_mincut
+    """Min-cut plans across the memory/recompute trade-off (no weight, the extremes of
+    ``lam_range`` and 7 between), and checkpointing plans, with their simulated peaks: cheap
+    candidates (warm start, fallback, search starts, the smallest peak found) computed once per
+    solve."""
+    return structural_plans(problem, [0.0, *lam_weights(problem, 9)])
+
+
+def lam_weights(problem: Problem, count: int) -> list[float]:
+    """``count`` min-cut weights from ``lam_range``'s low extreme to its high one, geometric."""
     lo, hi = lam_range(problem)
-    out = []
-    for lam in [0.0, lo] + [lo * (hi / max(lo, 1e-300)) ** (i / 8) for i in range(1, 9)]:
+    return [lo * (hi / max(lo, 1e-300)) ** (i / (count - 1)) for i in range(count)]
+
+
+def structural_plans(problem: Problem, weights: Sequence[float],
+                     every: Sequence[int] = EVERY) -> list[tuple[Plan, int]]:
+    """Checkpointing every k-th block boundary (k in ``every``, and sqrt(n) of the n boundaries),
+    min-cut plans at ``weights``, and the narrow-cut checkpoints (``checkpoint_plans``: the lowest
+    peaks where blocks are unknown): each saved set once, with its simulated peak."""
+    plans = uniform_checkpoints(problem, every)
+    bounds_n = plans[0].extra.get("n_boundaries") if plans else None
+    if isinstance(bounds_n, int) and bounds_n:
+        root = max(1, math.ceil(math.sqrt(bounds_n)))
+        if root not in every:
+            plans += uniform_checkpoints(problem, (root,))
+    for weight in weights:
         try:
-            plan = solve_mincut(problem, lam)
+            plans.append(solve_mincut(problem, weight))
         except InfeasibleError:
             continue
-        out.append((plan, simulated_peak(problem, plan.saved)))
-    from ..baselines import uniform_checkpoints
-    # what torch.utils.checkpoint every k-th block does
-    out += [(plan, simulated_peak(problem, plan.saved)) for plan in uniform_checkpoints(problem, (1, 2, 4, 8))]
-    return out + checkpoint_plans(problem)
+    seen: set[frozenset[str]] = set()
+    out = []
+    for plan in plans:
+        if plan.saved not in seen:
+            seen.add(plan.saved)
+            out.append((plan, simulated_peak(problem, plan.saved)))
+    for plan, peak in checkpoint_plans(problem):
+        if plan.saved not in seen:
+            seen.add(plan.saved)
+            out.append((plan, peak))
+    return out
 
 
 # checkpointing starts: every k-th value crossing a cut at most w times the narrowest, for these

@@ -104,13 +104,34 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
     return spend_budget(problem, st.saved, peak_budget, budget, max_evaluations=max_evaluations, judge=judge)
 
 
+class _UntilJudge(Judge):
+    """A judge that stops the work at the first plan simulated at most ``enough`` bytes."""
+
+    enough: int | None = None
+    met = False
+
+    def state(self, closed: tuple[frozenset[str], frozenset[str], float]) -> SearchState:
+        st = super().state(closed)
+        within = self.budget is None or st.saved_bytes <= self.budget
+        if self.enough is not None and st.peak <= self.enough and within:
+            self.met = True
+        return st
+
+    def out_of_time(self) -> bool:
+        return self.met or super().out_of_time()
+
+
 def lowest_peaks(problem: Problem, starts: Iterable[Iterable[str]], targets: Iterable[int],
-                 budget: int | None = None, *, max_evaluations: int) -> list[tuple[frozenset[str], int, float]]:
+                 budget: int | None = None, *, max_evaluations: int,
+                 enough: int | None = None) -> list[tuple[frozenset[str], int, float]]:
     """The plans met on ``fit_then_spend`` from each of ``starts`` at each of ``targets`` (peak
     budgets, in this order: the descent on the overshoot, then spending what is left), all
     sharing ``max_evaluations`` simulations: those no other beats on both peak and cost, as
-    (saved, peak, cost), lowest peak first. Given the same targets, the same for every budget."""
-    judge = Judge(problem, 0, budget, math.inf, max_evaluations)
+    (saved, peak, cost), lowest peak first. Given the same targets, the same for every budget.
+    ``enough``: the work stops at the first plan that peaks at most that (a prefix of the same
+    work: the lowest peak is at most ``enough`` exactly when the whole work's is)."""
+    judge = _UntilJudge(problem, 0, budget, math.inf, max_evaluations)
+    judge.enough = enough
     closed_starts = [c for c in (judge.close(saved) for saved in starts) if c is not None]
     for target in targets:
         judge.peak_budget = target
