@@ -327,3 +327,29 @@ class _OptRematPartitionFn(CustomPartitionerFn):
     def uuid(self) -> str | None:
         uuid = getattr(self.partition_fn, "uuid", None)
         return uuid() if callable(uuid) else None  # None: backend() turns the caches off
+
+    def __reduce__(self) -> tuple[Any, tuple[str | None]]:
+        # inductor pickles its whole config into its FX graph cache key, this object included: by
+        # its uuid only, or the partitioner's history (every problem and plan so far) would make the
+        # key depend on what was compiled before, cost a pickle of it per graph, and, nested deep,
+        # fail inside pickle's fast mode (KeyError on an object id)
+        return (_pickled_partitioner, (self.uuid(),))
+
+
+class _PartitionerKey:
+    """What an unpickled ``_OptRematPartitionFn`` partitions with: only its key (pickles are for
+    inductor's cache keys; partitioning happens in the process that compiles)."""
+
+    def __init__(self, uuid: str | None) -> None:
+        self.key = uuid
+
+    def uuid(self) -> str | None:
+        return self.key
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this opt-remat partitioner was unpickled from a cache key and holds no settings: "
+                           "partition in the process that called opt_remat.backend()")
+
+
+def _pickled_partitioner(uuid: str | None) -> _OptRematPartitionFn:
+    return _OptRematPartitionFn(_PartitionerKey(uuid))  # type: ignore[arg-type]

@@ -67,3 +67,31 @@ def test_uuid_follows_every_setting_that_decides_the_plan(tmp_path):
         p.plan = tmp_path / "plan.json"
         others.append(p.uuid())
     assert others[-1] != others[-2]
+
+
+def test_inductor_cache_key_holds_the_partitioners_settings_not_its_history():
+    """Inductor pickles its config, the custom partitioner included, into its FX graph cache key:
+    the key must not change with what the partitioner planned before (nor pickle all of it)."""
+    import pickle
+
+    import torch
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    from opt_remat.api import _OptRematPartitionFn
+    from opt_remat.verify import training_step
+
+    pfn = opt_remat.partitioner("mincut", 0.5)
+    backend = opt_remat.backend(compiler="eager", partition_fn=pfn)  # sets the settings its uuid keys on
+    custom = _OptRematPartitionFn(pfn)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    before = FxGraphCachePickler(gm).dumps(custom)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    training_step(model, (torch.randn(4, 8),), backend, seed=0)
+    torch._dynamo.reset()
+    assert len(pfn.history) == 1
+    assert FxGraphCachePickler(gm).dumps(custom) == before
+    back = pickle.loads(pickle.dumps(custom))
+    assert back.uuid() == pfn.uuid() and len(pickle.dumps(custom)) < 500
+    with pytest.raises(RuntimeError, match="unpickled"):
+        back(gm, [])

@@ -94,7 +94,12 @@ def _checkpoint_seeds(problem: Problem) -> list[set[str]]:
 
 def checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     """Checkpointing plans: every k-th narrow-cut value saved (and what is free), the rest
-    recomputed; low-peak starting points that min-cut plans do not reach."""
+    recomputed; low-peak starting points that min-cut plans do not reach. Budget-free: made once
+    per problem (the fast default and the peak search's frontier both start from them)."""
+    return list(problem.derived("peak.candidates.checkpoint_plans", _checkpoint_plans))
+
+
+def _checkpoint_plans(problem: Problem) -> list[tuple[Plan, int]]:
     by_name = problem.by_name
     free = {n.name for n in problem.nodes if n.role is Role.INPUT and problem.can_save(n.name)}
     out = []
