@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -223,6 +224,7 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
     budget) are left out with a warning. With ``request.offload`` under a peak budget the peak
     plan is handed to the offload chooser (``solvers.offload_plan``; ``must_offload``: the
     MUST_CPU_OFFLOAD values, offloaded whatever)."""
+    started = time.perf_counter()
     mode = mode_of(budget, request.peak_limit)
     opts = options_in_mode(request.solver, request.options, mode)
     if request.solver in ("mincut", None) and mode == catalog.FREE:  # the default path is min-cut here
@@ -230,7 +232,7 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
         opts["lam"] = auto_lam(request.profile) if lam == "auto" else float(lam)
     steer = steered(problem, must_save)
     if request.device_memory is not None or request.peak_budget is not None:
-        plan = _peak_plan(steer, request, budget, opts, memory, must_offload)
+        plan = _peak_plan(steer, request, budget, opts, memory, must_offload, started)
     elif request.solver is None:
         split = default_solver_options(opts, mode)
         plan = choose_default_plan(steer, budget, split["mincut"], split.get("milp"))
@@ -241,7 +243,7 @@ def solve_problem(problem: Problem, request: SolveRequest, budget: int | None, *
 
 
 def _peak_plan(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
-               memory: plan_memory.GraphKey | None, must_offload: frozenset[str]) -> Plan:
+               memory: plan_memory.GraphKey | None, must_offload: frozenset[str], started: float) -> Plan:
     """The one peak branch: a peak budget, or a device budget (refused up front where the rank's
     states leave no room for the graph, ``DeviceBudgetError`` with the breakdown, else a peak solve
     on the problem whose simulation counts the rank's whole memory); with ``request.offload`` the
@@ -254,9 +256,10 @@ def _peak_plan(problem: Problem, request: SolveRequest, budget: int | None, opts
         problem, peak = with_rank_memory(problem, setup), request.device_memory
     assert peak is not None
     if request.offload:
-        return peak_plan_with_offload(problem, request, budget, opts, memory, must_offload, peak=peak, device=device)
+        return peak_plan_with_offload(problem, request, budget, opts, memory, must_offload, peak=peak, device=device,
+                                      started=started)
     return choose_peak_plan(problem, request.solver, peak, budget, opts, default_lam=auto_lam(request.profile),
-                            count_gradients=request.count_gradients, memory=memory, device=device)
+                            count_gradients=request.count_gradients, memory=memory, device=device, started=started)
 
 
 # solvers that run the offload program, and its engine: HiGHS for all, as the peak search's
@@ -267,7 +270,7 @@ PROGRAM_ENGINES = {"cpsat": "highs", "milp": "highs", "peak-search": "highs"}
 
 def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int | None, opts: dict[str, Any],
                            memory: plan_memory.GraphKey | None, must_offload: frozenset[str], *,
-                           peak: int | None = None, device: bool = False) -> Plan:
+                           peak: int | None = None, device: bool = False, started: float | None = None) -> Plan:
     """The peak plan handed to the offload chooser; where no plan fits without offload, the least
     peak one found is, and offload may make it fit. With ``cpsat``, ``milp`` or ``peak-search`` the
     offload program (``solvers.mip_offload``) runs from the chooser's plan too, and its plan is
@@ -276,7 +279,7 @@ def peak_plan_with_offload(problem: Problem, request: SolveRequest, budget: int 
     peak = request.peak_budget if peak is None else peak
     assert peak is not None
     kw: dict[str, Any] = {"default_lam": auto_lam(request.profile), "count_gradients": request.count_gradients,
-                          "device": device}
+                          "device": device, "started": started}
     failure: PeakBudgetError | None = None
     try:
         plan = choose_peak_plan(problem, request.solver, peak, budget, opts, memory=memory, **kw)

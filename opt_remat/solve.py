@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import replace
 from typing import Any, Callable
@@ -30,10 +31,23 @@ def _raise_if_interrupted(problem: Problem, plan: Plan | None, budget: int | Non
     raise SolveInterrupted(plan)
 
 
+# the least time limit a search keeps after the road's preparation, seconds
+MIN_SEARCH_S = 1.0
+
+
+def _less_time_spent(typed: Any, started: float | None) -> Any:
+    """``typed`` options with ``time_limit_s`` less the seconds since ``started`` (at least
+    ``MIN_SEARCH_S``); as they are where either is missing."""
+    limit = getattr(typed, "time_limit_s", None)
+    if started is None or limit is None:
+        return typed
+    return replace(typed, time_limit_s=max(float(limit) - (time.perf_counter() - started), MIN_SEARCH_S))
+
+
 def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, budget: int | None,
                      options: dict[str, Any] | None = None, *,
                      default_lam: float | None = None, count_gradients: bool = True,
-                     memory: GraphKey | None = None, device: bool = False) -> Plan:
+                     memory: GraphKey | None = None, device: bool = False, started: float | None = None) -> Plan:
     """A plan whose simulated step peak fits ``peak_budget`` (and saved bytes ``budget``).
     ``solver`` None, ``"default"`` or ``"mincut"``: the fast default (``solvers.fast_peak``);
     ``"peak-search"``, ``"cpsat"`` or ``"milp"``: the search with a proven gap. ``default_lam``:
@@ -55,8 +69,9 @@ def choose_peak_plan(problem: Problem, solver: str | None, peak_budget: int, bud
     plan: Plan | None = None
     failure: PeakInfeasibleError | None
     try:  # the catalog says which solvers have a peak mode and which options they take there
-        plan = solve_peak(problem, name, peak_budget, budget, typed_options(name, options, catalog.PEAK),
-                          candidates=candidates, count_gradients=count_gradients)
+        typed = _less_time_spent(typed_options(name, options, catalog.PEAK), started)
+        plan = solve_peak(problem, name, peak_budget, budget, typed, candidates=candidates,
+                          count_gradients=count_gradients)
     except PeakInfeasibleError as exc:
         _raise_if_interrupted(problem, None, budget)
         failure = exc

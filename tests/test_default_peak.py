@@ -111,3 +111,26 @@ def test_a_refusal_is_monotone_in_the_budget(problem, fractions):
         assert plan.extra["peak"] <= b
         met.append(True)
     assert met == sorted(met), (budgets, met)
+
+
+def test_a_search_time_limit_is_the_whole_solves(monkeypatch):
+    """What ran before the search (the road's preparation, the min-cut candidate) comes off the
+    search's ``time_limit_s``, never below ``MIN_SEARCH_S``."""
+    import time
+
+    import opt_remat.solve as solve_module
+
+    seen = []
+    real = solve_module.solve_peak
+
+    def recording(problem, name, peak, budget, options, **kw):
+        seen.append(options.time_limit_s)
+        return real(problem, name, peak, budget, options, **kw)
+
+    monkeypatch.setattr(solve_module, "solve_peak", recording)
+    problem = random_problem(3, n_forward=12)
+    peak = simulate_plan(problem, save_all(problem).saved).peak
+    choose_peak_plan(problem, "cpsat", peak, None, {"time_limit_s": 5}, started=time.perf_counter() - 2)
+    choose_peak_plan(problem, "cpsat", peak, None, {"time_limit_s": 5}, started=time.perf_counter() - 60)
+    choose_peak_plan(problem, "cpsat", peak, None, {"time_limit_s": 5})
+    assert 2.5 < seen[0] <= 3.0 and seen[1] == solve_module.MIN_SEARCH_S and seen[2] == 5
