@@ -62,6 +62,10 @@ SPEND_MIN, SPEND_MAX = 40, 600
 # none fits
 SPEND_STARTS = 2
 DESCEND_STARTS = 2
+# graphs of at least this many nodes rule out a value's copies in the other layers once it
+# overshoots (``spend.spend_budget``): at 70B it halved the simulations; on small graphs the layers
+# differ more (T5: encoder and decoder) and every value is worth its own try
+COPIES_MIN_NODES = 2000
 # relaxation solves at fixed budgets before a refusal on a small graph (``_refusal_plans``)
 REFUSAL_GRID = 8
 # ... on graphs up to this many candidate values (each solve takes ~0.5 s at 360: Mixtral)
@@ -125,7 +129,7 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     # the refusal plans are no starts here: they would displace the starts the spending and the
     # descents get (costlier plans on random problems); they are candidates, and spent, below
-    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
+    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=True)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
@@ -153,14 +157,15 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
 
 def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, budget: int | None,
            starts: int = SPEND_STARTS, layers: Layers | None = None,
-           deadline: float = math.inf) -> list[tuple[Plan, int]]:
+           deadline: float = math.inf, roomiest: bool = False) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations (and ``deadline``); on ``layers``, a value that overshoots
     rules out its copies."""
     evaluations = _evaluations(problem)
     if time.perf_counter() >= deadline:
         return []
-    copies = None if layers is None else {v: column for column in zip(*layers.slots) for v in column}
+    copies = (None if layers is None or len(problem.nodes) < COPIES_MIN_NODES
+              else {v: column for column in zip(*layers.slots) for v in column})
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
@@ -168,8 +173,15 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
     for plan, _ in fitting:
         if plan.saved not in chosen and len(chosen) < starts:
             chosen.append(plan.saved)
+    if roomiest and fitting:
+        # and the fitting plan with the most room left (checkpointing every layer, often): saving
+        # back into it from scratch finds what the cheap plans' own choices rule out
+        plan = min(fitting, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
+        if plan.saved not in chosen:
+            chosen.append(plan.saved)
     for saved in chosen:
         judge = Judge(problem, peak_budget, budget, deadline, evaluations)
+        judge.quick = True
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, judge=judge,
                                    copies=copies))
     if not fitting:

@@ -126,7 +126,7 @@ class Simulator:
              keep: set[int], top: list[Any], steps: list[Any] | None, phase: str,
              on_step: Callable[[Mapping[str, int]], None] | None = None,
              extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None,
-             kept_if_read: set[int] | None = None) -> None:
+             kept_if_read: set[int] | None = None, limit: int | None = None) -> bool:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
         what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the graph
         at each position (counted in ``top`` and ``steps``); ``release``: kept buffers freed after a
@@ -183,21 +183,31 @@ class Simulator:
                 on_step(dict(zip(map(names.__getitem__, live), live.values())))
             if here > top[0]:
                 top[:4], peak_at = [here, phase, v, i], i
+                if limit is not None and here > limit:
+                    return True
             for dead in frees.get(i, ()):
                 if dead in live:
                     total -= live.pop(dead)
                     changes.append((i, dead, -1))
         if peak_at >= 0:
             top[4] = _replayed(start, changes, peak_at)
+        return False
 
     def _simulate(self, saved: Iterable[str], steps: list[Any] | None,
                   on_step: Callable[[Mapping[str, int]], None] | None = None,
-                  rank: RankHook | None = None) -> tuple[list[Any], set[int]]:
+                  rank: RankHook | None = None, limit: int | None = None) -> tuple[list[Any], set[int]]:
         """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers).
-        ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``)."""
+        ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``); ``limit``:
+        the run stops once the live bytes pass it (the top then holds no live set)."""
         sid, inputs = self.sid, self.inputs
         saved_ids = {self.ids[v] for v in saved}
         forward = self._forward_order(saved_ids)
+        top: list[Any] = [-1, "", -1, -1, {}]
+        live: dict[int, int] = {}
+        saved_storages = {sid[v] for v in saved_ids}
+        if rank is None and self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward",
+                                      on_step, limit=limit):
+            return top, set()
         backward = self.backward_order(saved_ids)
         # backward buffers: a storage's id (saved values, inputs) or n_storages + value id (fresh)
         fresh = len(self.size)
@@ -213,18 +223,16 @@ class Simulator:
             bw[v] = fresh + v if base is None else bw[base]
         grads = {bw[o] for o in self.grads if o in bw}
         self.grad_buffers = grads  # for ``on_step`` callers that split the live buffers by kind
-        top: list[Any] = [-1, "", -1, -1, {}]
-        live: dict[int, int] = {}
-        saved_storages = {sid[v] for v in saved_ids}
-        fw_extra: Sequence[int] | None = None
         bw_extra: Sequence[int] | None = None
         release: Mapping[int, list[int]] | None = None
         if rank is not None:  # the rank's bytes per position, and when FSDP frees gradients
             fw_extra, bw_extra, release = rank(self, forward, backward, bw)
-        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step, fw_extra)
+            if self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step,
+                         fw_extra, limit=limit):
+                return top, grads
         # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
         self._run(backward, bw, live, grads, top, steps, "backward", on_step, bw_extra, release,
-                  kept_if_read=saved_storages)
+                  kept_if_read=saved_storages, limit=limit)
         return top, grads
 
     def _name(self, b: int) -> str:
@@ -246,6 +254,15 @@ class Simulator:
         if top[0] < 0:
             return 0, frozenset()
         return top[0], frozenset(self._name(b) for b in top[4])
+
+    def peak_within(self, saved: Iterable[str], limit: int,
+                    rank: RankHook | None = None) -> tuple[int, frozenset[str]] | None:
+        """``peak(saved, rank)`` where the step never passes ``limit`` bytes; None, found sooner,
+        where it does (judging a plan against a budget needs no more)."""
+        top, _ = self._simulate(saved, None, None, rank, limit)
+        if top[0] > limit:
+            return None
+        return (top[0], frozenset(self._name(b) for b in top[4])) if top[0] >= 0 else (0, frozenset())
 
     def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None,
               rank: RankHook | None = None) -> MemoryCurve:
