@@ -138,8 +138,8 @@ class Judge:
         if kept in self.passed:
             return None
         self.evaluations += 1
-        known = self.simulator.peak_within(kept, self.peak_budget)
-        if known is None:
+        known = self.simulator.peak(kept, limit=self.peak_budget)
+        if known[0] > self.peak_budget:
             self.passed.add(kept)
             return None
         self.peaks[kept] = known
