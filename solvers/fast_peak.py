@@ -44,6 +44,7 @@ from .liveness import peak_lower_bound, without_gradients
 from .peak.candidates import EVERY, cheapest_fitting, lam_weights, simulated_peak, structural_plans
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
+from .peak.relaxed_plans import REL_GAP as RELAXED_REL_GAP
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import Judge, SearchState
 from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
@@ -106,11 +107,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         problem = without_gradients(problem)
     pool = _pool(problem, candidates)
     steered: list[tuple[Plan, int]] = []
-    proven = False
+    proven, bound = False, None
     if len(problem.candidates) <= RELAXED_MAX_VALUES:
         relaxed = relaxed_plans(problem, peak_budget, budget)
         steered += relaxed.plans
-        proven = relaxed.infeasible
+        proven, bound = relaxed.infeasible, relaxed.bound
     lowest, unsteered = (None, []) if proven else _lowest_met(problem, pool, peak_budget, budget)
     if lowest is None or peak_budget < lowest:
         # below the lowest peak of the plans no budget steers: refused, even where a plan steered by
@@ -129,7 +130,10 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     # the refusal plans are no starts here: they would displace the starts the spending and the
     # descents get (costlier plans on random problems); they are candidates, and spent, below
-    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=True)
+    # the spending from the roomiest plan too, unless the relaxation's bound leaves it nothing to find
+    best = cheapest_fitting(found, peak_budget, budget)
+    near = best is not None and bound is not None and best[0].recompute_cost <= bound * (1 + RELAXED_REL_GAP)
+    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=not near)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
