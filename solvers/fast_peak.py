@@ -47,7 +47,7 @@ from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
 from .peak.relaxed_plans import REL_GAP as RELAXED_REL_GAP
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import Judge, SearchState
-from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
+from .peak.spend import EXACT_RANK_MAX_NODES, fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 P = ParamSpec("P")
@@ -62,6 +62,10 @@ SPEND_MIN, SPEND_MAX = 40, 600
 # the cheapest fitting plans the budget is spent from, and the lowest-peak plans descended when
 # none fits
 SPEND_STARTS = 2
+# ... and the fitting plans with the lowest peaks (most room to spend), the last of them ranking by
+# recompute gain per ROOMY_BYTE_POWER-th power of the bytes (``spend.spend_budget``'s byte_power)
+ROOMY_STARTS = 2
+ROOMY_BYTE_POWER = 0.5
 DESCEND_STARTS = 2
 # graphs of at least this many nodes rule out a value's copies in the other layers once it
 # overshoots (``spend.spend_budget``): at 70B it halved the simulations; on small graphs the layers
@@ -165,7 +169,7 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations (and ``deadline``); on ``layers``, a value that overshoots
     rules out its copies."""
-    evaluations = _evaluations(problem)
+    evaluations = SPEND_MAX if len(problem.nodes) <= EXACT_RANK_MAX_NODES else _evaluations(problem)
     if time.perf_counter() >= deadline:
         return []
     copies = (None if layers is None or len(problem.nodes) < COPIES_MIN_NODES
@@ -177,17 +181,20 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
     for plan, _ in fitting:
         if plan.saved not in chosen and len(chosen) < starts:
             chosen.append(plan.saved)
-    if roomiest and fitting:
-        # and the fitting plan with the most room left (checkpointing every layer, often): saving
-        # back into it from scratch finds what the cheap plans' own choices rule out
-        plan = min(fitting, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))[0]
-        if plan.saved not in chosen:
-            chosen.append(plan.saved)
-    for saved in chosen:
+    powers = [1.0] * len(chosen)
+    if roomiest:
+        # and the fitting plans with the most room left (checkpointing every layer, often): saving
+        # back into them from scratch finds what the cheap plans' own choices rule out; the last
+        # in another greedy order, which reaches plans the plain ratio passes by
+        roomy = sorted(fitting, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
+        roomy_saved = [p.saved for p, _ in roomy if p.saved not in chosen][:ROOMY_STARTS]
+        chosen += roomy_saved
+        powers += [1.0] * (len(roomy_saved) - 1) + [ROOMY_BYTE_POWER] * bool(roomy_saved)
+    for saved, power in zip(chosen, powers):
         judge = Judge(problem, peak_budget, budget, deadline, evaluations)
         judge.quick = True
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, judge=judge,
-                                   copies=copies))
+                                   copies=copies, byte_power=power))
     if not fitting:
         for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))

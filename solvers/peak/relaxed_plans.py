@@ -39,9 +39,8 @@ CUT_ANY_MAX_VALUES = 200
 RESOLVE_MAX_OVER = 0.3
 REL_GAP = 0.0025
 TIME_SAFETY_S = 60.0
-# HiGHS's bounds unscaled: with the scaling and its presolve's probing both on, HiGHS 1.16 called
-# plans "optimal" that cost 1-3% more than others the same program admits (Qwen3-MoE at 0.7/0.85 x
-# min-cut), and took longer
+# HiGHS's bounds unscaled: with the scaling and its presolve's probing both on, HiGHS 1.16 has
+# called plans optimal that cost more than others the same program admits (docs/benchmarks.md)
 SCALE_BOUNDS = False
 
 

@@ -21,7 +21,7 @@ EXACT_RANK_MAX_NODES = 2000
 
 def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
                  max_evaluations: int, judge: Judge | None = None,
-                 copies: Mapping[str, Iterable[str]] | None = None) -> SearchState | None:
+                 copies: Mapping[str, Iterable[str]] | None = None, byte_power: float = 1.0) -> SearchState | None:
     """The plan reached from ``saved`` (a plan that fits) by saving recomputed values back, one
     at a time, the largest recompute gain per added saved byte first, each kept if the step still
     fits; a value that overshoots is not tried again, nor its ``copies`` (the values at its
@@ -40,7 +40,7 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
     # value), each value's move closed again against the plan it meets
     while st.cost > 0 and not judge.out_of_time():
         accepted = False
-        for v in _ranked(problem, judge, st, rejected):
+        for v in _ranked(problem, judge, st, rejected, byte_power):
             if judge.out_of_time():
                 return st
             if v not in st.recomputed or v in rejected:
@@ -59,7 +59,8 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
     return st
 
 
-def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str]) -> list[str]:
+def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str],
+            byte_power: float = 1.0) -> list[str]:
     """Recomputed values worth saving back, the largest recompute gain per added byte first. On
     big graphs (``EXACT_RANK_MAX_NODES``) the gain is the value's own cost and the bytes its own
     storage's (a closure per recomputed value per pass took most of a minute at 7B)."""
@@ -82,7 +83,7 @@ def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str])
         gain, added = exact[v]
         if gain <= tol:
             continue
-        ranked.append((-gain / max(added, 1), index[v], v))
+        ranked.append((-gain / max(added, 1) ** byte_power, index[v], v))
     ranked.sort(key=lambda r: r[:2])
     return [v for _, _, v in ranked]
 
