@@ -134,10 +134,12 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     # the refusal plans are no starts here: they would displace the starts the spending and the
     # descents get (costlier plans on random problems); they are candidates, and spent, below
-    # the spending from the roomiest plan too, unless the relaxation's bound leaves it nothing to find
+    # on small graphs the spending from the roomiest plans too, unless the relaxation's bound leaves
+    # them nothing to find (on big ones they found nothing and took a third of the time)
     best = cheapest_fitting(found, peak_budget, budget)
     near = best is not None and bound is not None and best[0].recompute_cost <= bound * (1 + RELAXED_REL_GAP)
-    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=not near)
+    roomiest = len(problem.nodes) <= EXACT_RANK_MAX_NODES and not near
+    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=roomiest)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
