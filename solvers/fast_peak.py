@@ -170,7 +170,8 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
            deadline: float = math.inf, roomiest: bool = False) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations (and ``deadline``); on ``layers``, a value that overshoots
-    rules out its copies."""
+    rules out its copies (graphs of ``COPIES_MIN_NODES`` on). ``roomiest``: from the
+    ``ROOMY_STARTS`` fitting plans with the lowest peaks too."""
     evaluations = SPEND_MAX if len(problem.nodes) <= EXACT_RANK_MAX_NODES else _evaluations(problem)
     if time.perf_counter() >= deadline:
         return []

@@ -69,7 +69,8 @@ class Judge:
         self.clock = clock if clock is not None else StallClock()
         self.last_gain = time.perf_counter() - self.clock.quiet_s
         self.peaks: dict[frozenset[str], tuple[int, frozenset[str]]] = {}
-        # ``fitting`` stops a simulation at the peak budget (``quick``): the plans found past it
+        # ``quick``: ``fitting`` stops a simulation where the step passes the peak budget;
+        # ``passed``: the plans it found past it
         self.quick = False
         self.passed: set[frozenset[str]] = set()
         self.simulator = simulator(problem)

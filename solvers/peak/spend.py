@@ -27,7 +27,9 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
     fits; a value that overshoots is not tried again, nor its ``copies`` (the values at its
     position in the other repeated layers: their saving holds as many bytes over the same peak,
     and trying each spent the simulations on 80 copies of one overshoot). At most
-    ``max_evaluations`` simulations. None when ``saved`` is no valid plan or does not fit."""
+    ``max_evaluations`` simulations. ``byte_power``: the gain is divided by the added bytes to
+    this power (below 1, large values rank higher). None when ``saved`` is no valid plan or does
+    not fit."""
     judge = judge or Judge(problem, peak_budget, budget, math.inf, max_evaluations)
     closed = judge.close(saved)
     if closed is None:
