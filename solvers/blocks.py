@@ -27,9 +27,8 @@ import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, cast
+from typing import Any, Callable, Hashable, Mapping, cast
 
-from .liveness import narrow_cut_values
 from .problem import Problem, Role
 
 # an indexed child: "3" (ModuleList, Sequential) or "encoder_layer_3" (a named Sequential);
@@ -247,7 +246,7 @@ def graph_boundaries(problem: Problem) -> tuple[list[str], str]:
     through (the loss: the forward value with no forward users and the most ancestors) -- the
     outputs of the blocks ``torch.utils.checkpoint`` users wrap. With fewer than two of those,
     ``"narrow cuts"``: the values crossing the forward's narrowest cuts
-    (``solvers.liveness.narrow_cut_values``). When there are none either, ``"topological"``: every
+    (``narrow_cut_values``). When there are none either, ``"topological"``: every
     saveable, recomputable forward value in topological order, so that "every k-th" spaces
     checkpoints evenly in execution order.
     """
@@ -307,3 +306,60 @@ def graph_boundaries(problem: Problem) -> tuple[list[str], str]:
     topo = [n.name for n in fwd if n.role is Role.FORWARD and n.name != loss
             and problem.can_save(n.name) and problem.can_recompute(n.name)]
     return topo, "topological"
+
+
+def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool = False,
+                      within: tuple[int, int] | None = None) -> list[str]:
+    """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
+    bytes computed so far are still needed later (up to ``widest`` times that width). In a network
+    of blocks the narrowest are the values between blocks (a transformer's residual stream): the
+    classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
+    crosses). ``largest_only``: per narrow cut only its largest value (the residual stream, not
+    the small statistics alive beside it). ``within``: only cuts after forward values whose node
+    indices lie in this range (the blocks: not the loss head's scalars)."""
+    forward = [n for n in problem.nodes if n.role is Role.FORWARD]
+    position = {n.name: i for i, n in enumerate(forward)}
+    last: dict[str, int] = {}
+    for n in forward:
+        for u in n.inputs:
+            if u in position:
+                last[u] = max(last.get(u, -1), position[n.name])
+    size = problem.storage_size
+    crossing = [n for n in forward if n.storage_id == n.name and last.get(n.name, -1) > position[n.name]]
+    # width[t]: bytes of the values made at or before step t and read after it (the cut after t)
+    delta = [0] * (len(forward) + 1)
+    for n in crossing:
+        delta[position[n.name]] += size[n.name]
+        delta[last[n.name]] -= size[n.name]
+    width, running = [], 0
+    for i in range(len(forward)):
+        running += delta[i]
+        width.append(running)
+    lo, hi = within if within is not None else (0, len(problem.nodes))
+    index = problem.index
+    width = [w if lo <= index[forward[t].name] <= hi else 0 for t, w in enumerate(width)]
+    inner = [w for w in width[1:-1] if w > 0]
+    if not inner:
+        return []
+    narrow = min(inner)
+    narrow_before = [0]  # narrow_before[t]: narrowest positions before t
+    for w in width:
+        narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
+    if largest_only:  # per narrow position, the largest value alive across it
+        import heapq
+        starts: dict[int, list[Any]] = {}
+        for n in crossing:
+            starts.setdefault(position[n.name], []).append(n)
+        heap: list[tuple[int, int, str]] = []
+        chosen: set[str] = set()
+        for t in range(len(forward)):
+            for n in starts.get(t, ()):
+                heapq.heappush(heap, (-size[n.name], position[n.name], n.name))
+            while heap and last[heap[0][2]] <= t:
+                heapq.heappop(heap)
+            if 0 < width[t] <= narrow * widest and heap:
+                chosen.add(heap[0][2])
+        return [n.name for n in crossing if n.name in chosen]
+    # crosses a narrowest cut: alive across some position of that width
+    return [n.name for n in crossing
+            if narrow_before[last[n.name]] > narrow_before[position[n.name]]]

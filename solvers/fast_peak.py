@@ -44,9 +44,10 @@ from .liveness import peak_lower_bound, without_gradients
 from .peak.candidates import EVERY, cheapest_fitting, lam_weights, simulated_peak, structural_plans
 from .peak.layers import Layers, find_layers, layer_plans
 from .peak.relaxed_plans import MAX_VALUES as RELAXED_MAX_VALUES
+from .peak.relaxed_plans import REL_GAP as RELAXED_REL_GAP
 from .peak.relaxed_plans import relaxed_plans
 from .peak.search import Judge, SearchState
-from .peak.spend import fit_then_spend, lowest_peaks, spend_budget
+from .peak.spend import EXACT_RANK_MAX_NODES, fit_then_spend, lowest_peaks, spend_budget
 from .problem import Plan, Problem, Role, Status, plan_from_saved
 
 P = ParamSpec("P")
@@ -61,7 +62,15 @@ SPEND_MIN, SPEND_MAX = 40, 600
 # the cheapest fitting plans the budget is spent from, and the lowest-peak plans descended when
 # none fits
 SPEND_STARTS = 2
+# ... and the fitting plans with the lowest peaks (most room to spend), the last of them ranking by
+# recompute gain per ROOMY_BYTE_POWER-th power of the bytes (``spend.spend_budget``'s byte_power)
+ROOMY_STARTS = 2
+ROOMY_BYTE_POWER = 0.5
 DESCEND_STARTS = 2
+# graphs of at least this many nodes rule out a value's copies in the other layers once it
+# overshoots (``spend.spend_budget``): at 70B it halved the simulations; on small graphs the layers
+# differ more (T5: encoder and decoder) and every value is worth its own try
+COPIES_MIN_NODES = 2000
 # relaxation solves at fixed budgets before a refusal on a small graph (``_refusal_plans``)
 REFUSAL_GRID = 8
 # ... on graphs up to this many candidate values (each solve takes ~0.5 s at 360: Mixtral)
@@ -102,11 +111,11 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         problem = without_gradients(problem)
     pool = _pool(problem, candidates)
     steered: list[tuple[Plan, int]] = []
-    proven = False
+    proven, bound = False, None
     if len(problem.candidates) <= RELAXED_MAX_VALUES:
         relaxed = relaxed_plans(problem, peak_budget, budget)
         steered += relaxed.plans
-        proven = relaxed.infeasible
+        proven, bound = relaxed.infeasible, relaxed.bound
     lowest, unsteered = (None, []) if proven else _lowest_met(problem, pool, peak_budget, budget)
     if lowest is None or peak_budget < lowest:
         # below the lowest peak of the plans no budget steers: refused, even where a plan steered by
@@ -125,7 +134,12 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
         found += _outside_swaps(problem, layers, found, pool, peak_budget, budget)
     # the refusal plans are no starts here: they would displace the starts the spending and the
     # descents get (costlier plans on random problems); they are candidates, and spent, below
-    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline)
+    # on small graphs the spending from the roomiest plans too, unless the relaxation's bound leaves
+    # them nothing to find (on big ones they found nothing and took a third of the time)
+    best = cheapest_fitting(found, peak_budget, budget)
+    near = best is not None and bound is not None and best[0].recompute_cost <= bound * (1 + RELAXED_REL_GAP)
+    roomiest = len(problem.nodes) <= EXACT_RANK_MAX_NODES and not near
+    found += _spent(problem, found, peak_budget, budget, layers=layers, deadline=deadline, roomiest=roomiest)
     if layers is not None:
         swapped = _outside_swaps(problem, layers, found, pool, peak_budget, budget)
         if swapped:
@@ -153,14 +167,16 @@ def fast_peak_plan(problem: Problem, peak_budget: int, budget: int | None = None
 
 def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, budget: int | None,
            starts: int = SPEND_STARTS, layers: Layers | None = None,
-           deadline: float = math.inf) -> list[tuple[Plan, int]]:
+           deadline: float = math.inf, roomiest: bool = False) -> list[tuple[Plan, int]]:
     """Plans that spend the budget the others leave unused (``solvers.peak.spend``), each bounded
     by the same count of simulations (and ``deadline``); on ``layers``, a value that overshoots
-    rules out its copies."""
-    evaluations = _evaluations(problem)
+    rules out its copies (graphs of ``COPIES_MIN_NODES`` on). ``roomiest``: from the
+    ``ROOMY_STARTS`` fitting plans with the lowest peaks too."""
+    evaluations = SPEND_MAX if len(problem.nodes) <= EXACT_RANK_MAX_NODES else _evaluations(problem)
     if time.perf_counter() >= deadline:
         return []
-    copies = None if layers is None else {v: column for column in zip(*layers.slots) for v in column}
+    copies = (None if layers is None or len(problem.nodes) < COPIES_MIN_NODES
+              else {v: column for column in zip(*layers.slots) for v in column})
     fitting = sorted((x for x in found if x[1] <= peak_budget and (budget is None or x[0].saved_bytes <= budget)),
                      key=lambda x: (x[0].recompute_cost, x[0].saved_bytes, sorted(x[0].saved)))
     states: list[SearchState | None] = []
@@ -168,10 +184,20 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
     for plan, _ in fitting:
         if plan.saved not in chosen and len(chosen) < starts:
             chosen.append(plan.saved)
-    for saved in chosen:
+    powers = [1.0] * len(chosen)
+    if roomiest:
+        # and the fitting plans with the most room left (checkpointing every layer, often): saving
+        # back into them from scratch finds what the cheap plans' own choices rule out; the last
+        # in another greedy order, which reaches plans the plain ratio passes by
+        roomy = sorted(fitting, key=lambda x: (x[1], x[0].recompute_cost, sorted(x[0].saved)))
+        roomy_saved = [p.saved for p, _ in roomy if p.saved not in chosen][:ROOMY_STARTS]
+        chosen += roomy_saved
+        powers += [1.0] * (len(roomy_saved) - 1) + [ROOMY_BYTE_POWER] * bool(roomy_saved)
+    for saved, power in zip(chosen, powers):
         judge = Judge(problem, peak_budget, budget, deadline, evaluations)
+        judge.quick = True
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, judge=judge,
-                                   copies=copies))
+                                   copies=copies, byte_power=power))
     if not fitting:
         for plan, _ in _lowest(found):
             states.append(fit_then_spend(problem, plan.saved, peak_budget, budget, max_evaluations=evaluations))

@@ -232,13 +232,15 @@ def program_from_cpsat(m: Any, costs: dict[int, float]) -> Program:
 
 
 def solve_with_highs(m: Any, costs: dict[int, float], n_values: int, *, time_limit_s: float,
-                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None) -> HighsAnswer:
+                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None,
+                     scale_bounds: bool = True) -> HighsAnswer:
     """Minimize ``sum(costs[i] * x_i)`` over the CP-SAT model ``m`` with HiGHS; the answer's values
-    are the first ``n_values`` variables."""
+    are the first ``n_values`` variables. ``scale_bounds``: as ``run_highs``'s (HiGHS 1.16 with
+    it and probing both on has called a costlier plan optimal: docs/benchmarks.md, #43)."""
     t0 = time.perf_counter()
     p = program_from_cpsat(m, costs)
     got = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.05),
-                    n_values=n_values, rel_gap=rel_gap, probing=probing, scale_bounds=True,
+                    n_values=n_values, rel_gap=rel_gap, probing=probing, scale_bounds=scale_bounds,
                     node_limit=node_limit)
     if got.status == "failed":
         got.status = "unknown"  # a relaxation that proved nothing: its callers fall back to 0

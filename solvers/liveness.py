@@ -126,7 +126,7 @@ class Simulator:
              keep: set[int], top: list[Any], steps: list[Any] | None, phase: str,
              on_step: Callable[[Mapping[str, int]], None] | None = None,
              extra: Sequence[int] | None = None, release: Mapping[int, list[int]] | None = None,
-             kept_if_read: set[int] | None = None) -> None:
+             kept_if_read: set[int] | None = None, limit: int | None = None) -> bool:
         """Run ``order``: record the highest live bytes in ``top`` ([bytes, phase, value, position,
         what is live]) and each step in ``steps``. ``extra``: bytes the rank holds besides the graph
         at each position (counted in ``top`` and ``steps``); ``release``: kept buffers freed after a
@@ -183,21 +183,32 @@ class Simulator:
                 on_step(dict(zip(map(names.__getitem__, live), live.values())))
             if here > top[0]:
                 top[:4], peak_at = [here, phase, v, i], i
+                if limit is not None and here > limit:
+                    top[4] = {}  # past the limit: no live set
+                    return True
             for dead in frees.get(i, ()):
                 if dead in live:
                     total -= live.pop(dead)
                     changes.append((i, dead, -1))
         if peak_at >= 0:
             top[4] = _replayed(start, changes, peak_at)
+        return False
 
     def _simulate(self, saved: Iterable[str], steps: list[Any] | None,
                   on_step: Callable[[Mapping[str, int]], None] | None = None,
-                  rank: RankHook | None = None) -> tuple[list[Any], set[int]]:
+                  rank: RankHook | None = None, limit: int | None = None) -> tuple[list[Any], set[int]]:
         """(the top: [live bytes, phase, value, position, what is live], the gradients' buffers).
-        ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``)."""
+        ``rank`` adds what the rank holds besides the graph (``solvers.rank_memory``); ``limit``:
+        the run stops once the live bytes pass it (no live set then, nor gradients before it)."""
         sid, inputs = self.sid, self.inputs
         saved_ids = {self.ids[v] for v in saved}
         forward = self._forward_order(saved_ids)
+        top: list[Any] = [-1, "", -1, -1, {}]
+        live: dict[int, int] = {}
+        saved_storages = {sid[v] for v in saved_ids}
+        keep = saved_storages | self.outputs
+        if rank is None and self._run(forward, None, live, keep, top, steps, "forward", on_step, limit=limit):
+            return top, set()  # past the limit in the forward: no backward to order
         backward = self.backward_order(saved_ids)
         # backward buffers: a storage's id (saved values, inputs) or n_storages + value id (fresh)
         fresh = len(self.size)
@@ -213,18 +224,15 @@ class Simulator:
             bw[v] = fresh + v if base is None else bw[base]
         grads = {bw[o] for o in self.grads if o in bw}
         self.grad_buffers = grads  # for ``on_step`` callers that split the live buffers by kind
-        top: list[Any] = [-1, "", -1, -1, {}]
-        live: dict[int, int] = {}
-        saved_storages = {sid[v] for v in saved_ids}
-        fw_extra: Sequence[int] | None = None
         bw_extra: Sequence[int] | None = None
         release: Mapping[int, list[int]] | None = None
         if rank is not None:  # the rank's bytes per position, and when FSDP frees gradients
             fw_extra, bw_extra, release = rank(self, forward, backward, bw)
-        self._run(forward, None, live, saved_storages | self.outputs, top, steps, "forward", on_step, fw_extra)
+            if self._run(forward, None, live, keep, top, steps, "forward", on_step, fw_extra, limit=limit):
+                return top, grads
         # the caller turns outputs into a loss and drops them; saved values nobody reads are dropped
         self._run(backward, bw, live, grads, top, steps, "backward", on_step, bw_extra, release,
-                  kept_if_read=saved_storages)
+                  kept_if_read=saved_storages, limit=limit)
         return top, grads
 
     def _name(self, b: int) -> str:
@@ -238,11 +246,13 @@ class Simulator:
     def floor_besides_graph(self) -> int:
         return 0
 
-    def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
+    def peak(self, saved: Iterable[str], rank: RankHook | None = None,
+             limit: int | None = None) -> tuple[int, frozenset[str]]:
         """The step's peak and the buffers live at it (a storage by its id, a buffer made in the
         backward by its value), without the curve: what the searches need. ``rank``: the peak
-        of the rank's whole memory (``solvers.rank_memory.RankModel.hook``)."""
-        top, _ = self._simulate(saved, None, None, rank)
+        of the rank's whole memory (``solvers.rank_memory.RankModel.hook``). ``limit``: where the
+        step passes it, the first live bytes above it and no buffers, found sooner."""
+        top, _ = self._simulate(saved, None, None, rank, limit)
         if top[0] < 0:
             return 0, frozenset()
         return top[0], frozenset(self._name(b) for b in top[4])
@@ -387,60 +397,3 @@ def peak_lower_bound(problem: Problem) -> int:
     grads = {by_name[o].storage_id for o in problem.backward_outputs}
     backward_floor = floor(backward, lambda g: g not in forward_side, grads, read_here)
     return max(forward_floor, backward_floor)
-
-
-def narrow_cut_values(problem: Problem, widest: float = 1.0, largest_only: bool = False,
-                      within: tuple[int, int] | None = None) -> list[str]:
-    """Forward values that cross the forward's narrowest cuts: where, in graph order, the fewest
-    bytes computed so far are still needed later (up to ``widest`` times that width). In a network
-    of blocks the narrowest are the values between blocks (a transformer's residual stream): the
-    classic checkpoints; wider cuts add values inside the blocks. Views are left out (their base
-    crosses). ``largest_only``: per narrow cut only its largest value (the residual stream, not
-    the small statistics alive beside it). ``within``: only cuts after forward values whose node
-    indices lie in this range (the blocks: not the loss head's scalars)."""
-    forward = [n for n in problem.nodes if n.role is Role.FORWARD]
-    position = {n.name: i for i, n in enumerate(forward)}
-    last: dict[str, int] = {}
-    for n in forward:
-        for u in n.inputs:
-            if u in position:
-                last[u] = max(last.get(u, -1), position[n.name])
-    size = problem.storage_size
-    crossing = [n for n in forward if n.storage_id == n.name and last.get(n.name, -1) > position[n.name]]
-    # width[t]: bytes of the values made at or before step t and read after it (the cut after t)
-    delta = [0] * (len(forward) + 1)
-    for n in crossing:
-        delta[position[n.name]] += size[n.name]
-        delta[last[n.name]] -= size[n.name]
-    width, running = [], 0
-    for i in range(len(forward)):
-        running += delta[i]
-        width.append(running)
-    lo, hi = within if within is not None else (0, len(problem.nodes))
-    index = problem.index
-    width = [w if lo <= index[forward[t].name] <= hi else 0 for t, w in enumerate(width)]
-    inner = [w for w in width[1:-1] if w > 0]
-    if not inner:
-        return []
-    narrow = min(inner)
-    narrow_before = [0]  # narrow_before[t]: narrowest positions before t
-    for w in width:
-        narrow_before.append(narrow_before[-1] + (0 < w <= narrow * widest))
-    if largest_only:  # per narrow position, the largest value alive across it
-        import heapq
-        starts: dict[int, list[Any]] = {}
-        for n in crossing:
-            starts.setdefault(position[n.name], []).append(n)
-        heap: list[tuple[int, int, str]] = []
-        chosen: set[str] = set()
-        for t in range(len(forward)):
-            for n in starts.get(t, ()):
-                heapq.heappush(heap, (-size[n.name], position[n.name], n.name))
-            while heap and last[heap[0][2]] <= t:
-                heapq.heappop(heap)
-            if 0 < width[t] <= narrow * widest and heap:
-                chosen.add(heap[0][2])
-        return [n.name for n in crossing if n.name in chosen]
-    # crosses a narrowest cut: alive across some position of that width
-    return [n.name for n in crossing
-            if narrow_before[last[n.name]] > narrow_before[position[n.name]]]

@@ -357,8 +357,9 @@ class RankSimulator(Simulator):
     def floor_besides_graph(self) -> int:
         return self.model.floor()
 
-    def peak(self, saved: Iterable[str], rank: RankHook | None = None) -> tuple[int, frozenset[str]]:
-        return super().peak(saved, rank or self.model.hook)
+    def peak(self, saved: Iterable[str], rank: RankHook | None = None,
+             limit: int | None = None) -> tuple[int, frozenset[str]]:
+        return super().peak(saved, rank or self.model.hook, limit)
 
     def curve(self, saved: Iterable[str], on_step: Callable[[Mapping[str, int]], None] | None = None,
               rank: RankHook | None = None) -> MemoryCurve:

@@ -291,7 +291,7 @@ def test_infeasible_peak_names_the_floor():
 def test_checkpoint_starts_on_repeated_blocks():
     from support.random_problems import repeated_problem
 
-    from solvers.liveness import narrow_cut_values
+    from solvers.blocks import narrow_cut_values
     from solvers.peak.candidates import checkpoint_plans
     for seed in range(6):
         p = repeated_problem(seed, layers=6, per_layer=5)

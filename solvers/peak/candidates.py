@@ -8,8 +8,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 from ..baselines import uniform_checkpoints
-from ..blocks import find_blocks
-from ..liveness import narrow_cut_values, simulator
+from ..blocks import find_blocks, narrow_cut_values
+from ..liveness import simulator
 from ..errors import InfeasibleError, PlanError
 from ..mincut import lam_range, solve_mincut
 from ..problem import Plan, Problem, Role, Status, plan_from_saved, recompute_closure

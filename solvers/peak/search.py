@@ -69,6 +69,10 @@ class Judge:
         self.clock = clock if clock is not None else StallClock()
         self.last_gain = time.perf_counter() - self.clock.quiet_s
         self.peaks: dict[frozenset[str], tuple[int, frozenset[str]]] = {}
+        # ``quick``: ``fitting`` stops a simulation where the step passes the peak budget;
+        # ``passed``: the plans it found past it
+        self.quick = False
+        self.passed: set[frozenset[str]] = set()
         self.simulator = simulator(problem)
         # the closure runs for every move considered: integer ids and flat lists keep it cheap
         names = [n.name for n in problem.nodes]
@@ -123,6 +127,25 @@ class Judge:
                 self.last_gain, clock.gain_cost = time.perf_counter(), seen[1]
             clock.best_seen = seen
         return st
+
+    def fitting(self, closed: tuple[frozenset[str], frozenset[str], float]) -> SearchState | None:
+        """``state(closed)`` where it fits the budgets, else None. With ``quick``, a plan not
+        simulated yet is simulated only until it passes the peak budget (one evaluation all the
+        same, so the work is that of ``state``; its peak is not kept: ``peaks`` holds exact ones)."""
+        kept = closed[0]
+        if not self.quick or kept in self.peaks:
+            st = self.state(closed)
+            return st if self.over(st) == 0 else None
+        if kept in self.passed:
+            return None
+        self.evaluations += 1
+        known = self.simulator.peak(kept, limit=self.peak_budget)
+        if known[0] > self.peak_budget:
+            self.passed.add(kept)
+            return None
+        self.peaks[kept] = known
+        st = self.state(closed)
+        return st if self.over(st) == 0 else None
 
     def over(self, st: SearchState) -> int:
         """Bytes over the budgets (0: the plan fits)."""

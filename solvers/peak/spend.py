@@ -21,13 +21,15 @@ EXACT_RANK_MAX_NODES = 2000
 
 def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
                  max_evaluations: int, judge: Judge | None = None,
-                 copies: Mapping[str, Iterable[str]] | None = None) -> SearchState | None:
+                 copies: Mapping[str, Iterable[str]] | None = None, byte_power: float = 1.0) -> SearchState | None:
     """The plan reached from ``saved`` (a plan that fits) by saving recomputed values back, one
     at a time, the largest recompute gain per added saved byte first, each kept if the step still
     fits; a value that overshoots is not tried again, nor its ``copies`` (the values at its
     position in the other repeated layers: their saving holds as many bytes over the same peak,
     and trying each spent the simulations on 80 copies of one overshoot). At most
-    ``max_evaluations`` simulations. None when ``saved`` is no valid plan or does not fit."""
+    ``max_evaluations`` simulations. ``byte_power``: the gain is divided by the added bytes to
+    this power (below 1, large values rank higher). None when ``saved`` is no valid plan or does
+    not fit."""
     judge = judge or Judge(problem, peak_budget, budget, math.inf, max_evaluations)
     closed = judge.close(saved)
     if closed is None:
@@ -40,7 +42,7 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
     # value), each value's move closed again against the plan it meets
     while st.cost > 0 and not judge.out_of_time():
         accepted = False
-        for v in _ranked(problem, judge, st, rejected):
+        for v in _ranked(problem, judge, st, rejected, byte_power):
             if judge.out_of_time():
                 return st
             if v not in st.recomputed or v in rejected:
@@ -48,8 +50,8 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
             moved = judge.close(st.saved | {v})
             if moved is None or moved[2] >= st.cost:
                 continue
-            cand = judge.state(moved)
-            if judge.over(cand) == 0:
+            cand = judge.fitting(moved)
+            if cand is not None:
                 st, accepted = cand, True
             else:
                 rejected.add(v)  # saving more rarely lowers the peak again: not retried
@@ -59,7 +61,8 @@ def spend_budget(problem: Problem, saved: Iterable[str], peak_budget: int, budge
     return st
 
 
-def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str]) -> list[str]:
+def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str],
+            byte_power: float = 1.0) -> list[str]:
     """Recomputed values worth saving back, the largest recompute gain per added byte first. On
     big graphs (``EXACT_RANK_MAX_NODES``) the gain is the value's own cost and the bytes its own
     storage's (a closure per recomputed value per pass took most of a minute at 7B)."""
@@ -68,6 +71,7 @@ def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str])
     ranked = []
     saved_storages = {problem.by_name[s].storage_id for s in st.saved}
     approximate = len(problem.nodes) > EXACT_RANK_MAX_NODES
+    exact = {} if approximate else _save_back_gains(problem, judge, st)
     for v in sorted(st.recomputed, key=index.__getitem__):
         if v in rejected or not problem.can_save(v):
             continue
@@ -78,13 +82,65 @@ def _ranked(problem: Problem, judge: Judge, st: SearchState, rejected: set[str])
             if gain > tol:
                 ranked.append((-gain / max(added, 1), index[v], v))
             continue
-        moved = judge.close(st.saved | {v})
-        if moved is None or st.cost - moved[2] <= tol:
+        gain, added = exact[v]
+        if gain <= tol:
             continue
-        added = problem.saved_bytes(moved[0]) - st.saved_bytes
-        ranked.append((-(st.cost - moved[2]) / max(added, 1), index[v], v))
+        ranked.append((-gain / max(added, 1) ** byte_power, index[v], v))
     ranked.sort(key=lambda r: r[:2])
     return [v for _, _, v in ranked]
+
+
+def _save_back_gains(problem: Problem, judge: Judge, st: SearchState) -> dict[str, tuple[float, int]]:
+    """Per recomputed value v: (the recompute cost saved, the saved bytes added) by saving v too,
+    as closing ``st.saved | {v}`` gives them, for all v at once. The values the backward then no
+    longer needs are those v dominates in the graph the backward recomputes (rooted at what it
+    reads, a saved value a leaf): one dominator tree per plan instead of a closure per value."""
+    ids, names, inputs, cost = judge.id, judge.names, judge.inputs, judge.cost
+    saved = {ids[s] for s in st.saved}
+    recomputed = {ids[r] for r in st.recomputed}
+    reads = set(judge.reads)
+    preds: dict[int, list[int]] = {}
+    for u in recomputed:
+        for i in inputs[u]:
+            preds.setdefault(i, []).append(u)
+    root = len(names)  # above every read
+    # graph order is topological (inputs first): the reverse of it, from the root, visits every
+    # value after all its users, so one pass gives the dominators exactly (Cooper-Harvey-Kennedy)
+    order = sorted(recomputed | {s for s in saved if s in reads or s in preds}, reverse=True)
+    rank = {root: 0, **{v: k + 1 for k, v in enumerate(order)}}
+    idom = {root: root}
+    for v in order:
+        parents = ([root] if v in reads else []) + [u for u in preds.get(v, ()) if u in idom]
+        d = parents[0]
+        for p in parents[1:]:
+            while d != p:
+                while rank[d] > rank[p]:
+                    d = idom[d]
+                while rank[p] > rank[d]:
+                    p = idom[p]
+        idom[v] = d
+    below: dict[int, list[int]] = {v: [v] for v in order}
+    for v in reversed(order):  # each value's subtree before its dominator's
+        if idom[v] != root:
+            below[idom[v]].extend(below[v])
+    sid = {v: problem.by_name[names[v]].storage_id for v in saved | recomputed}
+    held: dict[str, int] = {}
+    for s in saved:
+        held[sid[s]] = held.get(sid[s], 0) + 1
+    out = {}
+    for v in recomputed:
+        gone = below[v]
+        freed: dict[str, int] = {}
+        for s in gone:
+            if s in saved:
+                freed[sid[s]] = freed.get(sid[s], 0) + 1
+        delta = -sum(problem.storage_size[g] for g, n in freed.items()
+                     if n == held[g] and problem.counts_memory(g))
+        g = sid[v]
+        if held.get(g, 0) - freed.get(g, 0) == 0 and problem.counts_memory(g):
+            delta += problem.storage_size[g]
+        out[names[v]] = (math.fsum(cost[u] for u in gone if u in recomputed), delta)
+    return out
 
 
 def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, budget: int | None = None, *,
@@ -95,6 +151,7 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
     the lowest peak the descent reached (above the budget: a refusal names it); None if the plan
     cannot be closed."""
     judge = Judge(problem, peak_budget, budget, math.inf, max_evaluations)
+    judge.quick = True  # the descent judges by ``state``, exact; the spending only asks what fits
     closed = judge.close(saved)
     if closed is None:
         return None

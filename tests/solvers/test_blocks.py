@@ -10,8 +10,7 @@ import pytest
 
 from solvers import Node, Problem, Role, check_plan
 from solvers.baselines import boundary_groups, uniform_checkpoint
-from solvers.blocks import find_blocks, graph_boundaries
-from solvers.liveness import narrow_cut_values
+from solvers.blocks import find_blocks, graph_boundaries, narrow_cut_values
 from solvers.peak.layers import find_layers
 from solvers.symmetry import find_repeated
 

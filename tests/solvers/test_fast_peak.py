@@ -90,8 +90,9 @@ def test_a_remembered_plan_that_fits_and_costs_less_wins_and_survives_the_proces
     """Where the fast default alone costs more than cpsat's plan at a tighter budget, the looser
     solve returns the remembered cpsat plan (or a cheaper one); the plan is on disk too."""
     used = 0
-    # since its cut rounds the default meets cpsat's plan on seeds 0-29; 199 is one where not
-    for seed in [*range(30), 199]:
+    # the default meets cpsat's plan on seeds 0-29 (its cut rounds) and 199 (the 5th session's
+    # spending); 204 and 366 are ones where not
+    for seed in (199, 204, 366):
         p = repeated_problem(seed, layers=6, per_layer=6)
         floor, top = peak_lower_bound(p), simulate_plan(p, save_all(p).saved).peak
         tight, loose = floor + (top - floor) // 4, floor + (top - floor) // 3
