@@ -11,6 +11,7 @@ from ..liveness import simulator
 from ..mip_model import Model
 from ..problem import Problem
 from .cuts import CutContext, add_cut_rows
+from .forward_rows import add_forward_rows
 from .rows import PeakRows, add_peak_rows
 
 
@@ -28,18 +29,21 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                      seed: int = 0, hint_saved: set[str] | None = None,
                      fixed: list[int] | None = None, engine: str = "highs",
                      cuts: tuple[CutContext, list[int]] | None = None, rel_gap: float = 1e-4,
-                     probing: bool = True, node_limit: int | None = None) -> Relaxed:
+                     probing: bool = True, node_limit: int | None = None, forward: bool = False) -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by HiGHS, or by CP-SAT
     (``engine="cpsat"``: the same model, slower to prove on big graphs; the tests' cross-check;
     takes ``hint_saved``). ``fixed``: the program's variables pinned to these values (tests: a
     true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows
     at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries.
     ``node_limit``: HiGHS's branch-and-bound nodes at most (a bound on work that does not depend
-    on the machine's load)."""
+    on the machine's load). ``forward``: with the rows of ``solvers.peak.forward_rows`` (the
+    forward's own peak)."""
     peak_budget -= simulator(problem).floor_besides_graph()  # the rows count the graph alone
 
     def extend(m: Any, x: list[Any]) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
+        if forward:
+            add_forward_rows(m, x, problem, model, peak_budget)
         if cuts is not None and cuts[1]:
             add_cut_rows(m, x, cuts[0], peak_budget, cuts[1])
         if fixed is not None:

@@ -151,7 +151,8 @@ class PeakState:
         began = time.perf_counter()
         got = solve_relaxation(self.problem, self.model, self.rows, target, self.budget,
                                threads=self.threads, seed=self.seed, time_limit_s=limit,
-                               cuts=(self.cuts, self.cut_steps), rel_gap=self.rel_gap, probing=probing)
+                               cuts=(self.cuts, self.cut_steps), rel_gap=self.rel_gap, probing=probing,
+                               forward=True)
         if self.first_relax_s is None:
             self.first_relax_s = time.perf_counter() - began
         return got
