@@ -136,11 +136,36 @@ def add_forward_rows(m: Any, x: list[Any], problem: Problem, model: Model, peak_
     _add_either_inputs_row(m, x, problem, model, unit, cap)
 
 
+def _kept_for(problem: Problem, name: str, moment: int, made: set[str], outputs: set[str]) -> set[str]:
+    """Storages live at graph position ``moment`` (after the forward's own values) because the
+    either value ``name`` (at or after it) is computed later: its inputs, either values made
+    before the moment, and, through either inputs made after it, their inputs in turn."""
+    by_name, index = problem.by_name, problem.index
+    out: set[str] = set()
+    stack, seen = [name], {name}
+    while stack:
+        for u in by_name[stack.pop()].inputs:
+            node = by_name[u]
+            g = node.storage_id
+            if not problem.counts_memory(g) or g in outputs:
+                continue
+            if node.role is Role.FORWARD:
+                out.add(g)
+            elif node.role is Role.EITHER and index[u] < moment:
+                out.add(g)
+            elif node.role is Role.EITHER and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return out
+
+
 def _add_either_inputs_row(m: Any, x: list[Any], problem: Problem, model: Model, unit: int, cap: int) -> None:
-    """Rows at the ``either`` values a plan may save (each before it is computed, and the largest
-    at it): saved storages allocated by then, the outputs, the value itself if saved, and the
-    forward inputs of the saved ``either`` values from it on (kept for them). Storages of at least
-    ``1 / EITHER_SHARE`` of the largest only: dropping terms keeps the rows valid."""
+    """Rows at the ``either`` values a plan may save (each at the moment it would be computed):
+    saved forward storages and outputs, the saved either values computed by then, and the storages
+    kept for the saved either values from it on (``_kept_for``), each storage counted once. Only
+    rows at either values, and kept storages, of at least ``1 / EITHER_SHARE`` of the widest (fewer
+    rows and terms: still valid). The saved forward storages are summed once for all rows, the
+    saved either values as a chain in graph order."""
     from ortools.sat.python import cp_model
 
     share = graph_share(problem)
@@ -157,35 +182,52 @@ def _add_either_inputs_row(m: Any, x: list[Any], problem: Problem, model: Model,
         return
     widest = max(size[n.storage_id] for n in eithers)
     big = [n for n in eithers if size[n.storage_id] * EITHER_SHARE >= widest]
-    fixed = [(g, size[g] // unit, x[v]) for g, v in saved_var.items() if g in made and g not in outputs]
-    base = cap - sum(size[g] for g in outputs) // unit
     stand_ins = set(model.replaced.values())
+    # what each row counts through y variables: saved forward storages, saved either values by then
+    fw = {g: v for g, v in saved_var.items() if g in made and g not in outputs}
+    z_fw = m.new_int_var(0, cap, "")
+    m.add(z_fw == cp_model.LinearExpr.weighted_sum([x[v] for v in fw.values()], [size[g] // unit for g in fw]))
+    own_at: list[dict[str, int]] = []  # per row: either storages counted through y by then
+    counted: dict[str, int] = {}
+    pos = 0
     for e in big:
-        keep: dict[str, list[Any]] = {}  # forward storages kept for the saved either values from e on
-        for n in eithers:
-            if index[n.name] < index[e.name]:
-                continue
-            for u in n.inputs:
-                g = by_name[u].storage_id
-                if by_name[u].role is Role.FORWARD and g in made and g not in outputs \
-                        and size[g] * EITHER_SHARE >= widest:
-                    keep.setdefault(g, []).append(x[model.s_var[n.name]])
-        own = {g: (c, lit) for g, c, lit in fixed}
-        terms, coefs = [], []
-        for g, lits in sorted(keep.items()):
-            u_g = m.new_bool_var("")  # kept or saved: counted once
-            if g in own:
-                m.add_implication(own.pop(g)[1], u_g)
+        while pos < len(eithers) and index[eithers[pos].name] <= index[e.name]:
+            n = eithers[pos]
+            if n.storage_id in saved_var and n.storage_id not in made and n.name not in stand_ins:
+                counted[n.storage_id] = saved_var[n.storage_id]
+            pos += 1
+        own_at.append(dict(counted))
+    # per row: kept storages, each with the saved either values from this row's on that keep it
+    keepers: list[dict[str, list[Any]]] = []
+    for e in big:
+        keep: dict[str, list[Any]] = {}
+        for n in eithers:  # a stand-in's inputs are kept only in presolve's plan, not in the one it stands for
+            if index[n.name] >= index[e.name] and n.name not in stand_ins:
+                for g in _kept_for(share, n.name, index[e.name], made, outputs):
+                    if size[g] * EITHER_SHARE >= widest:
+                        keep.setdefault(g, []).append(x[model.s_var[n.name]])
+        keepers.append(keep)
+    rows_terms: list[tuple[list[Any], list[int]]] = [([], []) for _ in big]
+    for i in range(len(big)):
+        terms, coefs = rows_terms[i]
+        for g, lits in sorted(keepers[i].items()):
+            u_g = m.new_bool_var("")  # kept for a saved value from here on, or saved: counted once
             for lit in lits:
                 m.add_implication(lit, u_g)
+            y = fw.get(g, own_at[i].get(g))
+            if y is not None:  # replaces the y term counted in the sums
+                m.add_implication(x[y], u_g)
+                terms.append(x[y])
+                coefs.append(-(size[g] // unit))
             terms.append(u_g)
             coefs.append(size[g] // unit)
-        terms += [lit for c, lit in own.values()]
-        coefs += [c for c, lit in own.values()]
-        for n in eithers:  # saved either values computed before e, and e itself
-            g = n.storage_id
-            # not presolve's stand-ins: saved instead of their (forward) input, they add to it here
-            if index[n.name] <= index[e.name] and g in saved_var and g not in made and n.name not in stand_ins:
-                terms.append(x[saved_var[g]])
-                coefs.append(size[g] // unit)
-        m.add(cp_model.LinearExpr.weighted_sum(terms, coefs) <= base)
+    base = cap - sum(size[g] for g in outputs) // unit
+    chain = None
+    for i in range(len(big)):
+        fresh = own_at[i].keys() - (own_at[i - 1].keys() if i else set())
+        e_terms = [x[own_at[i][g]] for g in sorted(fresh)] + ([chain] if chain is not None else [])
+        e_coefs = [size[g] // unit for g in sorted(fresh)] + ([1] if chain is not None else [])
+        chain = m.new_int_var(0, cap, "")
+        m.add(chain == cp_model.LinearExpr.weighted_sum(e_terms, e_coefs) if e_terms else chain == 0)
+        terms, coefs = rows_terms[i]
+        m.add(cp_model.LinearExpr.weighted_sum([z_fw, chain] + terms, [1, 1] + coefs) <= base)
