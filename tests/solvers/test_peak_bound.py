@@ -395,3 +395,28 @@ def test_forward_rows_bound_stays_below_the_true_optimum():
                 raised += with_rows.bound > plain.bound * (1 + 1e-9) + 1e-12
                 compared += 1
     assert compared > 200 and raised > 0
+
+
+def test_a_cut_round_on_a_plan_over_in_the_forward_turns_the_forward_rows_on():
+    """A relaxation plan that overshoots only in the forward leaves the cut rounds no backward
+    step to cut: the round turns the forward's rows on instead of stopping (and its re-solve's
+    bound is still a bound: below brute force)."""
+    import time
+    from solvers.peak.state import Clock, PeakState
+    from solvers.peak.strategy_cuts import _round, _Rounds
+    turned = 0
+    for seed in range(60):
+        p = _problem(seed)
+        plans = [(simulate_plan(p, plan.saved), plan) for plan in _valid_plans(p)]
+        for curve, plan in plans:
+            budget = curve.forward_peak - 1
+            if curve.backward_peak > budget or not any(c.peak <= budget for c, _ in plans):
+                continue
+            state = PeakState(p, budget, None, clock=Clock(5.0, len(p.candidates)), threads=1, seed=0,
+                              gap=0.0, frontier=[])
+            assert _round(state, _Rounds(), plan, curve, time.perf_counter() + 5.0) is not None
+            assert state.forward_rows and not state.cut_steps
+            assert state.bound <= min(pl.recompute_cost for c, pl in plans if c.peak <= budget) + 1e-9
+            turned += 1
+            break
+    assert turned >= 5
