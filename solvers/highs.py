@@ -23,9 +23,6 @@ import numpy as np
 
 from . import interrupt
 
-# bounds above this are scaled down by a power of two (HiGHS's user_bound_scale), as HiGHS's own
-# warning advises for rows in bytes
-BOUND_SCALE_ABOVE = 1e6
 # HiGHS's presolve rule number of probing (its option presolve_rule_off is a bit mask of rules)
 PRESOLVE_RULE_PROBING = 15
 # model statuses after which HiGHS's answer (a solution, a bound, or neither) can be read
@@ -99,11 +96,11 @@ def _lp(highspy: Any, p: Program) -> Any:
 def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
               hint: Sequence[int] | None = None, rel_gap: float = 1e-4, abs_gap: float | None = None,
               threads: int | None = None, seed: int | None = None, probing: bool = True,
-              scale_bounds: bool = False, node_limit: int | None = None) -> HighsAnswer:
+              node_limit: int | None = None) -> HighsAnswer:
     """Solve ``p`` with HiGHS in ``time_limit_s`` (building the model counts). ``hint``: a start
     solution; ``probing``: HiGHS's presolve probes the binaries (off where the program solves at its
-    root anyway and the probing is most of the time); ``scale_bounds``: bounds above
-    ``BOUND_SCALE_ABOVE`` scaled down (rows in bytes: the root's cuts then raise the bound further).
+    root anyway and the probing is most of the time). HiGHS's bound scaling (``user_bound_scale``)
+    stays off: with its presolve's probing it has called a costlier plan optimal (#43).
     Status "failed": HiGHS stopped for a reason that gives no answer (``detail["highs_status"]``)."""
     import highspy
 
@@ -124,12 +121,6 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
         h.setOptionValue("presolve_rule_off", 1 << PRESOLVE_RULE_PROBING)
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
-    if scale_bounds:
-        wide = [b for lo, up in zip(p.lower, p.upper) if up - lo > 1 for b in (lo, up)]
-        big = max((abs(b) for b in [*p.row_lower, *p.row_upper, *wide] if math.isfinite(b)),
-                  default=0.0)
-        if big > BOUND_SCALE_ABOVE:
-            h.setOptionValue("user_bound_scale", -math.ceil(math.log2(big / BOUND_SCALE_ABOVE)))
     if h.passModel(_lp(highspy, p)) == highspy.HighsStatus.kError:
         raise RuntimeError("HiGHS rejected the model")
     build_s = time.perf_counter() - t0
@@ -166,8 +157,7 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
                 raise RuntimeError(f"HiGHS returned a solution of objective {got}, reported {objective}")
             again = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.01),
                               n_values=n_values, rel_gap=rel_gap, abs_gap=abs_gap, threads=threads,
-                              seed=seed, probing=probing, scale_bounds=scale_bounds,
-                              node_limit=node_limit)
+                              seed=seed, probing=probing, node_limit=node_limit)
             again.detail["highs_start_dropped"] = True
             return again
     bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
@@ -232,15 +222,13 @@ def program_from_cpsat(m: Any, costs: dict[int, float]) -> Program:
 
 
 def solve_with_highs(m: Any, costs: dict[int, float], n_values: int, *, time_limit_s: float,
-                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None,
-                     scale_bounds: bool = True) -> HighsAnswer:
+                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None) -> HighsAnswer:
     """Minimize ``sum(costs[i] * x_i)`` over the CP-SAT model ``m`` with HiGHS; the answer's values
-    are the first ``n_values`` variables. ``scale_bounds``: as ``run_highs``'s (HiGHS 1.16 with
-    it and probing both on has called a costlier plan optimal: docs/benchmarks.md, #43)."""
+    are the first ``n_values`` variables."""
     t0 = time.perf_counter()
     p = program_from_cpsat(m, costs)
     got = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.05),
-                    n_values=n_values, rel_gap=rel_gap, probing=probing, scale_bounds=scale_bounds,
+                    n_values=n_values, rel_gap=rel_gap, probing=probing,
                     node_limit=node_limit)
     if got.status == "failed":
         got.status = "unknown"  # a relaxation that proved nothing: its callers fall back to 0

@@ -11,6 +11,7 @@ from ..liveness import simulator
 from ..mip_model import Model
 from ..problem import Problem
 from .cuts import CutContext, add_cut_rows
+from .forward_rows import add_forward_rows
 from .rows import PeakRows, add_peak_rows
 
 
@@ -28,18 +29,21 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                      seed: int = 0, hint_saved: set[str] | None = None,
                      fixed: list[int] | None = None, engine: str = "highs",
                      cuts: tuple[CutContext, list[int]] | None = None, rel_gap: float = 1e-4,
-                     probing: bool = True, node_limit: int | None = None, scale_bounds: bool = True) -> Relaxed:
+                     probing: bool = True, node_limit: int | None = None, forward: bool = False) -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by HiGHS, or by CP-SAT
     (``engine="cpsat"``: the same model, slower to prove on big graphs; the tests' cross-check;
     takes ``hint_saved``). ``fixed``: the program's variables pinned to these values (tests: a
     true plan must fit its own simulated peak). ``cuts``: ``(solvers.peak.cuts.CutContext, steps)``, rows
     at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries.
     ``node_limit``: HiGHS's branch-and-bound nodes at most (a bound on work that does not depend
-    on the machine's load). ``scale_bounds``: HiGHS's bounds scaled (``highs.run_highs``)."""
+    on the machine's load). ``forward``: with the rows of ``solvers.peak.forward_rows`` (the
+    forward's own peak)."""
     peak_budget -= simulator(problem).floor_besides_graph()  # the rows count the graph alone
 
     def extend(m: Any, x: list[Any]) -> None:
         add_peak_rows(m, x, problem, model, rows, peak_budget)
+        if forward:
+            add_forward_rows(m, x, problem, model, peak_budget)
         if cuts is not None and cuts[1]:
             add_cut_rows(m, x, cuts[0], peak_budget, cuts[1])
         if fixed is not None:
@@ -50,7 +54,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         raise ValueError(f"solve_relaxation: engine must be 'highs' or 'cpsat', got {engine!r}")
     if engine == "highs":
         return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
-                                       probing=probing, node_limit=node_limit, scale_bounds=scale_bounds)
+                                       probing=probing, node_limit=node_limit)
 
     from ..errors import PlanError
     from ..mip_cpsat import CostScale, solve_cpsat
@@ -74,7 +78,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
 
 def _solve_relaxation_highs(model: Model, budget: int | None, extend: Callable[[Any, list[Any]], None], *,
                             time_limit_s: float, rel_gap: float, probing: bool,
-                            node_limit: int | None = None, scale_bounds: bool = True) -> Relaxed:
+                            node_limit: int | None = None) -> Relaxed:
     from ..highs import solve_with_highs
     from ..mip_cpsat import cpsat_program, saved_set
 
@@ -85,7 +89,7 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend: Callable[[
     scale = 1e3 / total if total > 0 else 1.0
     got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
                            time_limit_s=max(time_limit_s - (time.perf_counter() - began), 0.05),
-                           rel_gap=rel_gap, probing=probing, node_limit=node_limit, scale_bounds=scale_bounds)
+                           rel_gap=rel_gap, probing=probing, node_limit=node_limit)
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0

@@ -39,9 +39,6 @@ CUT_ANY_MAX_VALUES = 200
 RESOLVE_MAX_OVER = 0.3
 REL_GAP = 0.0025
 TIME_SAFETY_S = 60.0
-# HiGHS's bounds unscaled: with the scaling and its presolve's probing both on, HiGHS 1.16 has
-# called plans optimal that cost more than others the same program admits (docs/benchmarks.md)
-SCALE_BOUNDS = False
 
 
 @dataclass
@@ -66,8 +63,7 @@ def relaxed_plans(problem: Problem, peak_budget: int, budget: int | None = None,
 
     def solve(target: int) -> tuple[str, float | None, tuple[Plan, object] | None]:
         got = solve_relaxation(problem, model, rows, target, budget, time_limit_s=TIME_SAFETY_S,
-                               rel_gap=REL_GAP, node_limit=NODE_LIMIT, threads=1, cuts=(ctx, steps),
-                               scale_bounds=SCALE_BOUNDS)
+                               rel_gap=REL_GAP, node_limit=NODE_LIMIT, threads=1, cuts=(ctx, steps))
         if got.saved is None:
             return got.status, got.bound, None
         try:

@@ -64,6 +64,7 @@ class PeakState:
         self.rows = peak_rows(problem)
         self.cuts = CutContext(problem, self.model, self.rows)
         self.cut_steps: list[int] = []  # backward steps with cut rows (solvers.peak.cuts)
+        self.forward_rows = False  # the forward's rows too (solvers.peak.forward_rows), once a plan needs them
         self.first_relaxed: Relaxed | None = None
         self.relaxed: Relaxed | None = None
         self.relaxed_curve: tuple[Plan, MemoryCurve] | None = None  # the first relaxation's plan
@@ -151,7 +152,8 @@ class PeakState:
         began = time.perf_counter()
         got = solve_relaxation(self.problem, self.model, self.rows, target, self.budget,
                                threads=self.threads, seed=self.seed, time_limit_s=limit,
-                               cuts=(self.cuts, self.cut_steps), rel_gap=self.rel_gap, probing=probing)
+                               cuts=(self.cuts, self.cut_steps), rel_gap=self.rel_gap, probing=probing,
+                               forward=self.forward_rows)
         if self.first_relax_s is None:
             self.first_relax_s = time.perf_counter() - began
         return got

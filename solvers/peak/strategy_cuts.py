@@ -1,6 +1,7 @@
 """Cutting planes for the bound: where the relaxation's plan overshoots the simulation, rows that
 count what recompute chains keep live there (``solvers.peak.cuts``: valid for every plan, so each
-re-solve's bound is a bound), until its plan fits, the steps repeat or the time is spent. The
+re-solve's bound is a bound; where it overshoots in the forward, the forward's rows of
+``solvers.peak.forward_rows``), until its plan fits, the steps repeat or the time is spent. The
 rounds' plans are offered, grafted onto the best plan, and re-solved below the budget when they
 nearly fit. Each turn goes on from the last round's plan."""
 
@@ -78,8 +79,12 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     counted = None if state.cut_steps else relaxed_live(problem, state.rows, set(plan.saved), set(plan.recomputed))
     new = violated_steps(problem, curve, peak_budget, count=CUTS_PER_ROUND, skip=set(state.cut_steps),
                          relaxed=counted)
-    if not new:
+    # a plan over the budget in the forward: the forward's rows (solvers.peak.forward_rows), from
+    # then on (they slow every solve, and most relaxations' plans peak in the backward)
+    forward = curve.forward_peak > peak_budget and not state.forward_rows
+    if not new and not forward:
         return None
+    state.forward_rows = state.forward_rows or forward
     for k in new:
         state.cuts.note(k, set(plan.saved), set(plan.recomputed))
     state.cut_steps.extend(new)

@@ -339,3 +339,4 @@ def test_violated_steps_start_where_the_relaxation_counts_most():
         assert got[1] == _worst([k for k in over if k != least], by_step)
         checked += 1
     assert checked > 10
+
