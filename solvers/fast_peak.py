@@ -194,8 +194,7 @@ def _spent(problem: Problem, found: list[tuple[Plan, int]], peak_budget: int, bu
         chosen += roomy_saved
         powers += [1.0] * (len(roomy_saved) - 1) + [ROOMY_BYTE_POWER] * bool(roomy_saved)
     for saved, power in zip(chosen, powers):
-        judge = Judge(problem, peak_budget, budget, deadline, evaluations)
-        judge.quick = True
+        judge = Judge(problem, peak_budget, budget, deadline, evaluations, quick=True)
         states.append(spend_budget(problem, saved, peak_budget, budget, max_evaluations=evaluations, judge=judge,
                                    copies=copies, byte_power=power))
     if not fitting:

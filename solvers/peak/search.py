@@ -57,7 +57,7 @@ class Judge:
 
     def __init__(self, problem: Problem, peak_budget: int, budget: int | None,
                  deadline: float, max_evaluations: int, stall_s: float | None = None,
-                 clock: StallClock | None = None) -> None:
+                 clock: StallClock | None = None, quick: bool = False) -> None:
         self.problem = problem
         self.peak_budget = peak_budget
         self.budget = budget
@@ -71,7 +71,7 @@ class Judge:
         self.peaks: dict[frozenset[str], tuple[int, frozenset[str]]] = {}
         # ``quick``: ``fitting`` stops a simulation where the step passes the peak budget;
         # ``passed``: the plans it found past it
-        self.quick = False
+        self.quick = quick
         self.passed: set[frozenset[str]] = set()
         self.simulator = simulator(problem)
         # the closure runs for every move considered: integer ids and flat lists keep it cheap

@@ -150,8 +150,8 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
     fits, then ``spend_budget``; both within ``max_evaluations`` simulations. Where it never fits,
     the lowest peak the descent reached (above the budget: a refusal names it); None if the plan
     cannot be closed."""
-    judge = Judge(problem, peak_budget, budget, math.inf, max_evaluations)
-    judge.quick = True  # the descent judges by ``state``, exact; the spending only asks what fits
+    # the descent judges by ``state``, exact; the spending only asks what fits
+    judge = Judge(problem, peak_budget, budget, math.inf, max_evaluations, quick=True)
     closed = judge.close(saved)
     if closed is None:
         return None
@@ -164,8 +164,10 @@ def fit_then_spend(problem: Problem, saved: Iterable[str], peak_budget: int, bud
 class _UntilJudge(Judge):
     """A judge that stops the work at the first plan simulated at most ``enough`` bytes."""
 
-    enough: int | None = None
-    met = False
+    def __init__(self, problem: Problem, budget: int | None, max_evaluations: int, enough: int | None) -> None:
+        super().__init__(problem, 0, budget, math.inf, max_evaluations)
+        self.enough = enough
+        self.met = False
 
     def state(self, closed: tuple[frozenset[str], frozenset[str], float]) -> SearchState:
         st = super().state(closed)
@@ -187,8 +189,7 @@ def lowest_peaks(problem: Problem, starts: Iterable[Iterable[str]], targets: Ite
     (saved, peak, cost), lowest peak first. Given the same targets, the same for every budget.
     ``enough``: the work stops at the first plan that peaks at most that (a prefix of the same
     work: the lowest peak is at most ``enough`` exactly when the whole work's is)."""
-    judge = _UntilJudge(problem, 0, budget, math.inf, max_evaluations)
-    judge.enough = enough
+    judge = _UntilJudge(problem, budget, max_evaluations, enough)
     closed_starts = [c for c in (judge.close(saved) for saved in starts) if c is not None]
     for target in targets:
         judge.peak_budget = target

@@ -85,8 +85,7 @@ def test_a_judge_that_stops_at_the_budget_spends_to_the_same_plan():
             budget = lo + int(share * (hi - lo))
             runs = []
             for quick in (False, True):
-                judge = Judge(p, budget, None, math.inf, 200)
-                judge.quick = quick
+                judge = Judge(p, budget, None, math.inf, 200, quick=quick)
                 st = spend_budget(p, start.saved, budget, max_evaluations=200, judge=judge)
                 runs.append((None if st is None else (st.saved, st.cost, st.peak), judge.evaluations))
             assert runs[0] == runs[1], (p.name, share)
