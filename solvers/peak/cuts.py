@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..mip_model import Model
-from .rows import PeakRows, condition_literals, elementary_spans, storage_segments
+from .rows import PeakRows, condition_literals, elementary_spans, row_units, storage_segments
 from ..problem import Problem, Role
 
 # values read soonest after a cut step given an N variable whatever the plans (recompute chains)
@@ -122,8 +122,7 @@ def add_cut_rows(m: Any, x: list[Any], ctx: CutContext, peak_budget: int, steps:
 
     problem, model, rows = ctx.problem, ctx.model, ctx.rows
     size, users, by_name = problem.storage_size, problem.users, problem.by_name
-    unit = max(1, peak_budget >> 24)  # rows' rounding down: a relaxation
-    cap = peak_budget // unit
+    unit, cap = row_units(peak_budget)
     r_var, s_var = model.r_var, model.s_var
 
     def r(v: str) -> Any:

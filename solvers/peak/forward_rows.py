@@ -36,7 +36,7 @@ from typing import Any
 from ..liveness import graph_share
 from ..mip_model import Model
 from ..problem import Problem, Role
-from .rows import storage_vars
+from .rows import row_units, storage_vars
 
 # the either-value rows count storages of at least 1 / EITHER_SHARE of the widest either value's
 EITHER_SHARE = 4
@@ -97,7 +97,7 @@ def _after_replaced(problem: Problem, model: Model, starts: dict[str, int]) -> N
 
 def add_forward_rows(m: Any, x: list[Any], problem: Problem, model: Model, peak_budget: int) -> None:
     """Write the rows into the CP-SAT model ``m`` over the program's booleans ``x``; bytes in the
-    units of ``rows.add_peak_rows`` (rounded down: still a relaxation)."""
+    units of ``rows.row_units`` (rounded down: still a relaxation)."""
     from ortools.sat.python import cp_model
 
     kept, consts, starts = forward_terms(problem)
@@ -105,8 +105,7 @@ def add_forward_rows(m: Any, x: list[Any], problem: Problem, model: Model, peak_
         return
     size = graph_share(problem).storage_size
     _after_replaced(problem, model, starts)
-    unit = max(1, peak_budget >> 24)
-    cap = peak_budget // unit
+    unit, cap = row_units(peak_budget)
     # each saved storage joins the chain at the first kept position at or after its start
     joins: dict[int, list[tuple[int, int]]] = {}
     for g, var in storage_vars(problem, model).items():
@@ -136,7 +135,7 @@ def add_forward_rows(m: Any, x: list[Any], problem: Problem, model: Model, peak_
     _add_either_inputs_row(m, x, problem, model, unit, cap)
 
 
-def _kept_for(problem: Problem, name: str, moment: int, made: set[str], outputs: set[str]) -> set[str]:
+def _kept_for(problem: Problem, name: str, moment: int, outputs: set[str]) -> set[str]:
     """Storages live at graph position ``moment`` (after the forward's own values) because the
     either value ``name`` (at or after it) is computed later: its inputs, either values made
     before the moment, and, through either inputs made after it, their inputs in turn."""
@@ -203,7 +202,7 @@ def _add_either_inputs_row(m: Any, x: list[Any], problem: Problem, model: Model,
         keep: dict[str, list[Any]] = {}
         for n in eithers:  # a stand-in's inputs are kept only in presolve's plan, not in the one it stands for
             if index[n.name] >= index[e.name] and n.name not in stand_ins:
-                for g in _kept_for(share, n.name, index[e.name], made, outputs):
+                for g in _kept_for(share, n.name, index[e.name], outputs):
                     if size[g] * EITHER_SHARE >= widest:
                         keep.setdefault(g, []).append(x[model.s_var[n.name]])
         keepers.append(keep)

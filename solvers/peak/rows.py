@@ -270,6 +270,13 @@ def at_least_one(m: Any, lits: list[Any]) -> Any:
     return t
 
 
+def row_units(peak_budget: int) -> tuple[int, int]:
+    """(bytes per unit, the budget in units) of every peak row: 2**24 units at most, bytes rounded
+    down (constants too), so a row written is implied by the exact one: still a relaxation."""
+    unit = max(1, peak_budget >> 24)
+    return unit, peak_budget // unit
+
+
 def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: PeakRows, peak_budget: int, *,
                   segments: Mapping[str, list[tuple[int, int, tuple[Any, ...]]]] | None = None,
                   literals: Callable[[tuple[Any, ...]], list[Any] | None] | None = None,
@@ -281,8 +288,7 @@ def add_peak_rows(m: Any, x: list[Any], problem: Problem, model: Model, rows: Pe
     from ortools.sat.python import cp_model
 
     size = problem.storage_size
-    unit = max(1, peak_budget >> 24)
-    cap = peak_budget // unit
+    unit, cap = row_units(peak_budget)
 
     def q(b: int) -> int:
         return b // unit
