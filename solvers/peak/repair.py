@@ -19,6 +19,9 @@ from ..problem import Problem
 # simulations per step, and steps (each from the move that removed most overshoot per added cost)
 REPAIR_TRIES = 24
 REPAIR_STEPS = 3
+# repair_by_rate: steps at most, and the fee per move as a share of the plan's cost
+RATE_STEPS = 40
+RATE_FEE = 1e-3
 
 
 def _removes_live(problem: Problem, st: SearchState,
@@ -68,3 +71,63 @@ def repair_overshoot(problem: Problem, saved: frozenset[str], peak_budget: int, 
             return None
         st = step
     return None
+
+
+def repair_by_rate(problem: Problem, saved: frozenset[str], peak_budget: int, budget: int | None,
+                   *, deadline: float, steps: int = RATE_STEPS) -> SearchState | None:
+    """A plan that fits, many moves from ``saved`` (one that overshoots by a few percent of the
+    budget): each step simulates the ``REPAIR_TRIES`` moves near the peak whose added cost per byte
+    they free at the peak (estimated from the live set, with a fee per move) is least, and takes
+    the one that fits, else the one whose added cost per byte of overshoot removed is least. None
+    when a step finds no move that lowers the overshoot, after ``steps`` steps, or past ``deadline``.
+    (``repair_overshoot`` tries the cheapest moves, which near the floor all add bytes.)"""
+    judge = Judge(problem, peak_budget, budget, deadline, steps * REPAIR_TRIES + 1)
+    closed = judge.close(saved)
+    if closed is None:
+        return None
+    st = judge.state(closed)
+    for _ in range(steps):
+        over = judge.over(st)
+        if over == 0:
+            return st
+        fee = RATE_FEE * st.cost  # a move that frees a few bytes at no cost is no progress
+        ranked = []
+        for moved in moves(problem, st, only=near_peak(problem, st)):
+            if judge.out_of_time():
+                return None
+            got = judge.close(moved)
+            freed = _freed_at_peak(problem, st, got) if got is not None else 0
+            if got is not None and freed > 0:
+                ranked.append(((got[2] - st.cost + fee) / freed, got))
+        ranked.sort(key=lambda r: r[0])
+        step: SearchState | None = None
+        step_rate = math.inf
+        for _, got in ranked[:REPAIR_TRIES]:
+            if judge.out_of_time():
+                return None
+            cand = judge.state(got)
+            if judge.over(cand) == 0:
+                if step is None or judge.over(step) > 0 or cand.cost < step.cost:
+                    step, step_rate = cand, -math.inf
+                continue
+            gain = over - judge.over(cand)
+            rate = (cand.cost - st.cost + fee) / gain if gain > 0 else math.inf
+            if rate < step_rate:
+                step, step_rate = cand, rate
+        if step is None:
+            return None
+        st = step
+    return st if judge.over(st) == 0 else None
+
+
+def _freed_at_peak(problem: Problem, st: SearchState, closed: tuple[frozenset[str], frozenset[str], float]) -> int:
+    """Bytes a move takes off the peak moment, by the live set alone: storages live there that the
+    plan no longer saves or recomputes, less storages it newly saves that were not live there."""
+    kept, recomputed, _ = closed
+    by_name, size, live = problem.by_name, problem.storage_size, st.live
+    gone = {by_name[v].storage_id for v in (st.recomputed - recomputed) | (st.saved - kept)
+            if v in live or by_name[v].storage_id in live}
+    gone -= {by_name[v].storage_id for v in kept}
+    live_storages = set(live) | {by_name[v].storage_id for v in live if v in by_name}
+    added = {by_name[v].storage_id for v in kept - st.saved} - live_storages
+    return sum(size[g] for g in gone) - sum(size[g] for g in added)

@@ -26,6 +26,10 @@ SEARCH_MAX_VALUES = 2000
 # HiGHS's relative gap on the relaxation, as a share of the solve's gap: a tight gap costs a
 # minute where this one costs seconds
 RELAX_GAP_SHARE = 0.25
+# ... in a cut round on a graph of more than SEARCH_MAX_VALUES values, this share of the solve's
+# gap still open, at most ROUND_GAP_MAX
+ROUND_GAP_SHARE = 0.1
+ROUND_GAP_MAX = 0.01
 # the first relaxation solve, and its re-solves at lowered budgets (each at most
 # LOWERED_SOLVE_SHARE); where the layer mix makes the plans that fit, the cut rounds get the time
 RELAX_SHARE = 0.3
@@ -57,6 +61,11 @@ REPAIR_SHARE = 0.03
 # ... unless the best plan is within this many times the solve's gap of the bound: then the bound
 # is what is missing, and the re-solve's time goes to the next round
 NEAR_DONE_GAPS = 3.0
+# on big graphs, a cut round's plan that overshoots by at most this share of the budget (and
+# costs less than the best) is repaired (solvers.peak.repair.repair_by_rate) for at most
+# ROUND_REPAIR_SHARE
+ROUND_REPAIR_FIT = 0.10
+ROUND_REPAIR_SHARE = 0.35
 # grafts (solvers.peak.graft): the cheapest plans that overshoot tried per turn, the turn's share,
 # and the share after a cut round (which leaves the round's plan time for its re-solve)
 GRAFT_PLANS = 6

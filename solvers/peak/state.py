@@ -143,8 +143,9 @@ class PeakState:
                    default=None)
 
     # the relaxation
-    def relax(self, target: int, limit: float, probing: bool = True) -> Relaxed:
-        """The relaxation at peak budget ``target`` with the cut rows so far. A re-solve given
+    def relax(self, target: int, limit: float, probing: bool = True, rel_gap: float | None = None) -> Relaxed:
+        """The relaxation at peak budget ``target`` with the cut rows so far (HiGHS's gap
+        ``rel_gap``, by default the solve's share ``self.rel_gap``). A re-solve given
         much less time than the first took is skipped: it would return nothing, and HiGHS's
         presolve runs past a short limit."""
         if self.first_relax_s is not None and limit < MIN_RESOLVE_SHARE * self.first_relax_s:
@@ -152,7 +153,7 @@ class PeakState:
         began = time.perf_counter()
         got = solve_relaxation(self.problem, self.model, self.rows, target, self.budget,
                                threads=self.threads, seed=self.seed, time_limit_s=limit,
-                               cuts=(self.cuts, self.cut_steps), rel_gap=self.rel_gap, probing=probing,
+                               cuts=(self.cuts, self.cut_steps), rel_gap=rel_gap or self.rel_gap, probing=probing,
                                forward=self.forward_rows)
         if self.first_relax_s is None:
             self.first_relax_s = time.perf_counter() - began

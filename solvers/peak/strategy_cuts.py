@@ -3,7 +3,10 @@ count what recompute chains keep live there (``solvers.peak.cuts``: valid for ev
 re-solve's bound is a bound; where it overshoots in the forward, the forward's rows of
 ``solvers.peak.forward_rows``), until its plan fits, the steps repeat or the time is spent. The
 rounds' plans are offered, grafted onto the best plan, and re-solved below the budget when they
-nearly fit. Each turn goes on from the last round's plan."""
+nearly fit. Each turn goes on from the last round's plan. On big graphs (where no local search
+runs once a plan fits) a round's plan that overshoots by a few percent and costs less than the
+best is repaired move by move (``solvers.peak.repair.repair_by_rate``): near the floor the rounds'
+plans are the only cheap plans within reach of fitting."""
 
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ from ..problem import Plan
 from . import strategy_graft
 from ..errors import PeakInfeasibleError
 from .cuts import violated_steps
+from .repair import repair_by_rate
 from .rows import relaxed_live
 from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,
-                       PROBING_MAX_VALUES, ROUND_GRAFT_SHARE)
+                       PROBING_MAX_VALUES, ROUND_GAP_MAX, ROUND_GAP_SHARE, ROUND_GRAFT_SHARE, ROUND_REPAIR_FIT,
+                       ROUND_REPAIR_SHARE, SEARCH_MAX_VALUES)
 from .state import PeakState
 
 
@@ -89,7 +94,8 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
         state.cuts.note(k, set(plan.saved), set(plan.recomputed))
     state.cut_steps.extend(new)
     began = time.perf_counter()
-    again = state.relax(peak_budget, min(until - began, state.left()), probing=memory.probing)
+    again = state.relax(peak_budget, min(until - began, state.left()), probing=memory.probing,
+                        rel_gap=_round_gap(state))
     memory.round_s = time.perf_counter() - began
     memory.probing = memory.probing and again.status != "optimal"
     if again.status == "infeasible":  # the cuts hold for every plan that fits
@@ -109,6 +115,17 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     return raised
 
 
+def _round_gap(state: PeakState) -> float:
+    """HiGHS's gap for a round on a big graph: a share of the solve's gap still open (at most
+    ``ROUND_GAP_MAX``), at least the relaxation's own. A wide gap needs the round's plan and a rough bound soon (the
+    last few tenths of a percent of a round's proof took minutes at 7B), a narrow one the proof."""
+    best = state.best
+    if best is None or best.recompute_cost <= 0 or len(state.problem.candidates) <= SEARCH_MAX_VALUES:
+        return state.rel_gap  # a smaller graph's rounds are quick at the relaxation's own gap
+    open_gap = (best.recompute_cost - state.bound) / best.recompute_cost
+    return max(state.rel_gap, min(ROUND_GAP_MAX, ROUND_GAP_SHARE * open_gap))
+
+
 def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryCurve], until: float) -> None:
     """The round's plan grafted onto the best, and, where it nearly fits, re-solved with its cuts
     at the budget lowered by its overshoot (unless the bound is what is missing)."""
@@ -116,6 +133,7 @@ def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryC
     if over > 0:
         strategy_graft.run(state, min(state.share(ROUND_GRAFT_SHARE), max(0.0, until - time.perf_counter())),
                            first=current[0])
+    _repair_round_plan(state, current[0], over, until)
     if 0 < over <= NEAR_FIT * state.peak_budget and time.perf_counter() < until - 0.5 \
             and not state.done(NEAR_DONE_GAPS):
         lowered = state.relax(state.peak_budget - over, min(until - time.perf_counter(), state.left()),
@@ -123,3 +141,18 @@ def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryC
         if lowered.saved is not None:
             state.offer(lowered.saved, "relaxation with cuts, lowered budget")
 
+
+def _repair_round_plan(state: PeakState, plan: Plan, over: int, until: float) -> None:
+    """On a big graph, the round's plan repaired where it overshoots by at most ``ROUND_REPAIR_FIT``
+    of the budget and costs less than the best by more than the solve's gap."""
+    if len(state.problem.candidates) <= SEARCH_MAX_VALUES or not 0 < over <= ROUND_REPAIR_FIT * state.peak_budget:
+        return  # a smaller graph's local search starts from the rounds' plans
+    if state.best is not None and plan.recompute_cost >= (1 - state.gap) * state.best.recompute_cost:
+        return
+    seconds = min(state.share(ROUND_REPAIR_SHARE), until - time.perf_counter(), state.left())
+    if seconds <= 0:
+        return
+    fixed = repair_by_rate(state.problem, plan.saved, state.peak_budget, state.budget,
+                           deadline=time.perf_counter() + seconds)
+    if fixed is not None:
+        state.offer(fixed.saved, "repair of a cut round's plan")
