@@ -28,7 +28,7 @@ SEARCH_MAX_VALUES = 2000
 RELAX_GAP_SHARE = 0.25
 # ... in a cut round on a graph of more than SEARCH_MAX_VALUES values, this share of the solve's
 # gap still open, at most ROUND_GAP_MAX
-ROUND_GAP_SHARE = 0.1
+ROUND_GAP_SHARE = 0.2
 ROUND_GAP_MAX = 0.01
 # the first relaxation solve, and its re-solves at lowered budgets (each at most
 # LOWERED_SOLVE_SHARE); where the layer mix makes the plans that fit, the cut rounds get the time
@@ -66,6 +66,10 @@ NEAR_DONE_GAPS = 3.0
 # ROUND_REPAIR_SHARE
 ROUND_REPAIR_FIT = 0.10
 ROUND_REPAIR_SHARE = 0.35
+# ... and a round's relaxation leaves this share of the effort for it (when it has twice that);
+# then at most this many simulations spend what the repaired plan leaves unused
+ROUND_REPAIR_KEEP = 0.15
+ROUND_SPEND_EVALUATIONS = 1000
 # grafts (solvers.peak.graft): the cheapest plans that overshoot tried per turn, the turn's share,
 # and the share after a cut round (which leaves the round's plan time for its re-solve)
 GRAFT_PLANS = 6

@@ -5,8 +5,9 @@ re-solve's bound is a bound; where it overshoots in the forward, the forward's r
 rounds' plans are offered, grafted onto the best plan, and re-solved below the budget when they
 nearly fit. Each turn goes on from the last round's plan. On big graphs (where no local search
 runs once a plan fits) a round's plan that overshoots by a few percent and costs less than the
-best is repaired move by move (``solvers.peak.repair.repair_by_rate``): near the floor the rounds'
-plans are the only cheap plans within reach of fitting."""
+best is repaired move by move (``solvers.peak.repair.repair_by_rate``), then what the repair
+left unused is spent (``solvers.peak.spend``): near the floor the rounds' plans are the only cheap
+plans within reach of fitting."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from ..errors import PeakInfeasibleError
 from .cuts import violated_steps
 from .repair import repair_by_rate
 from .rows import relaxed_live
+from .search import Judge
+from .spend import spend_budget
 from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,
                        PROBING_MAX_VALUES, ROUND_GAP_MAX, ROUND_GAP_SHARE, ROUND_GRAFT_SHARE, ROUND_REPAIR_FIT,
-                       ROUND_REPAIR_SHARE, SEARCH_MAX_VALUES)
+                       ROUND_REPAIR_KEEP, ROUND_REPAIR_SHARE, ROUND_SPEND_EVALUATIONS, SEARCH_MAX_VALUES)
 from .state import PeakState
 
 
@@ -94,7 +97,10 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
         state.cuts.note(k, set(plan.saved), set(plan.recomputed))
     state.cut_steps.extend(new)
     began = time.perf_counter()
-    again = state.relax(peak_budget, min(until - began, state.left()), probing=memory.probing,
+    # on a big graph, time kept for repairing the round's plan (HiGHS often runs to its limit there)
+    keep = state.share(ROUND_REPAIR_KEEP) if len(problem.candidates) > SEARCH_MAX_VALUES else 0.0
+    limit = min(until - began, state.left())
+    again = state.relax(peak_budget, limit - keep if limit > 2 * keep else limit, probing=memory.probing,
                         rel_gap=_round_gap(state))
     memory.round_s = time.perf_counter() - began
     memory.probing = memory.probing and again.status != "optimal"
@@ -152,7 +158,14 @@ def _repair_round_plan(state: PeakState, plan: Plan, over: int, until: float) ->
     seconds = min(state.share(ROUND_REPAIR_SHARE), until - time.perf_counter(), state.left())
     if seconds <= 0:
         return
-    fixed = repair_by_rate(state.problem, plan.saved, state.peak_budget, state.budget,
-                           deadline=time.perf_counter() + seconds)
-    if fixed is not None:
-        state.offer(fixed.saved, "repair of a cut round's plan")
+    deadline = time.perf_counter() + seconds
+    fixed = repair_by_rate(state.problem, plan.saved, state.peak_budget, state.budget, deadline=deadline)
+    if fixed is None:
+        return
+    state.offer(fixed.saved, "repair of a cut round's plan")
+    # the repair's last move often frees more than the overshoot: saving values back spends it
+    judge = Judge(state.problem, state.peak_budget, state.budget, deadline, ROUND_SPEND_EVALUATIONS, quick=True)
+    spent = spend_budget(state.problem, fixed.saved, state.peak_budget, state.budget,
+                         max_evaluations=ROUND_SPEND_EVALUATIONS, judge=judge)
+    if spent is not None and spent.saved != fixed.saved:
+        state.offer(spent.saved, "repair of a cut round's plan, budget spent")

@@ -1,6 +1,6 @@
 """Repairs of plans that nearly fit (solvers.peak.repair): what they return fits, is a valid plan
 simulated exactly, costs less than asked, and never less than the cheapest plan that fits
-(enumerated on small graphs)."""
+(enumerated on small graphs); the repair by rate goes further than the three-step one."""
 
 import itertools
 import math
@@ -9,7 +9,7 @@ from support.random_problems import random_problem, repeated_problem
 
 from solvers.baselines import save_all
 from solvers.liveness import simulate_plan
-from solvers.peak.repair import repair_overshoot
+from solvers.peak.repair import repair_by_rate, repair_overshoot
 from solvers.problem import Status, check_plan, plan_from_saved, recompute_closure
 
 
@@ -63,3 +63,47 @@ def test_repairs_respect_the_cost_ceiling_and_gain_on_layered_graphs():
                                  deadline=float("inf"))
         assert again is None or again.cost < free.cost
     assert gained >= 6, gained
+
+
+def _assert_fits(p, got, peak_budget, seed):
+    plan = plan_from_saved(p, got.saved, solver="repair", status=Status.HEURISTIC)
+    assert check_plan(p, plan).valid, seed
+    assert simulate_plan(p, plan.saved).peak == got.peak <= peak_budget, seed
+    assert math.isclose(plan.recompute_cost, got.cost, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def test_rate_repairs_fit_and_are_never_below_the_optimum():
+    repaired = tried = 0
+    for seed in range(40):
+        p = random_problem(seed, n_forward=7, view_prob=0.2, either_prob=0.2, n_backward=5)
+        start = save_all(p)
+        top = simulate_plan(p, start.saved).peak
+        for shave in (0.02, 0.2):
+            peak_budget = int(top * (1 - shave))
+            tried += 1
+            got = repair_by_rate(p, start.saved, peak_budget, None, deadline=float("inf"))
+            if got is None:
+                continue
+            repaired += 1
+            _assert_fits(p, got, peak_budget, seed)
+            assert got.cost >= _cheapest_fitting_cost(p, peak_budget) - 1e-12, seed
+    assert repaired >= tried // 2, (repaired, tried)
+
+
+def test_rate_repairs_take_many_steps_on_layered_graphs():
+    # far over the budget, a few moves are not enough: only the many-step repair fits, on
+    # several graphs; with three steps it fits nowhere that it needs more
+    further = 0
+    for seed in range(12):
+        p = repeated_problem(seed, layers=10, per_layer=6)
+        start = save_all(p)
+        peak_budget = int(0.7 * simulate_plan(p, start.saved).peak)
+        got = repair_by_rate(p, start.saved, peak_budget, None, deadline=float("inf"))
+        if got is None:
+            continue
+        _assert_fits(p, got, peak_budget, seed)
+        short = repair_by_rate(p, start.saved, peak_budget, None, deadline=float("inf"), steps=3)
+        assert short is None or short.peak <= peak_budget
+        further += short is None and repair_overshoot(p, start.saved, peak_budget, None, cost_below=math.inf,
+                                                      deadline=float("inf")) is None
+    assert further >= 3, further
