@@ -29,7 +29,7 @@ RELAX_GAP_SHARE = 0.25
 # ... in a cut round on a graph of more than SEARCH_MAX_VALUES values, this share of the solve's
 # gap still open, at most ROUND_GAP_MAX
 ROUND_GAP_SHARE = 0.2
-ROUND_GAP_MAX = 0.01
+ROUND_GAP_MAX = 0.005
 # the first relaxation solve, and its re-solves at lowered budgets (each at most
 # LOWERED_SOLVE_SHARE); where the layer mix makes the plans that fit, the cut rounds get the time
 RELAX_SHARE = 0.3
