@@ -107,3 +107,51 @@ def test_rate_repairs_take_many_steps_on_layered_graphs():
         further += short is None and repair_overshoot(p, start.saved, peak_budget, None, cost_below=math.inf,
                                                       deadline=float("inf")) is None
     assert further >= 3, further
+
+
+def _big_state(seed, fraction):
+    from solvers.peak.candidates import frontier_plans
+    from solvers.peak.settings import SEARCH_MAX_VALUES
+    from solvers.peak.state import Clock, PeakState
+
+    p = repeated_problem(seed, layers=130, per_layer=17)
+    assert len(p.candidates) > SEARCH_MAX_VALUES  # the rounds' repair is for big graphs only
+    start = save_all(p)
+    peak_budget = int(fraction * simulate_plan(p, start.saved).peak)
+    state = PeakState(p, peak_budget, None, clock=Clock(60.0, len(p.candidates)), threads=1, seed=0, gap=0.01,
+                      frontier=frontier_plans(p))
+    return p, start, peak_budget, state
+
+
+def test_a_cut_rounds_plan_that_nearly_fits_is_repaired_on_big_graphs():
+    from solvers.peak.strategy_cuts import _repair_round_plan
+
+    repaired = 0
+    for seed in (0, 2):
+        p, start, peak_budget, state = _big_state(seed, 0.95)
+        over = simulate_plan(p, start.saved).peak - peak_budget
+        before = state.best.recompute_cost if state.best is not None else math.inf
+        _repair_round_plan(state, start, over, until=math.inf)
+        if state.best is None or state.best.recompute_cost >= before:
+            continue
+        repaired += 1
+        assert state.best.solver.startswith("repair of a cut round's plan")
+        assert check_plan(p, state.best).valid
+        assert simulate_plan(p, state.best.saved).peak == state.best_peak <= peak_budget
+    assert repaired >= 1
+
+
+def test_a_rounds_gap_is_a_share_of_the_open_gap_on_big_graphs_only():
+    from types import SimpleNamespace
+
+    from solvers.peak.settings import ROUND_GAP_MAX, ROUND_GAP_SHARE
+    from solvers.peak.strategy_cuts import _round_gap
+
+    big = SimpleNamespace(candidates=[None] * 3000)
+    small = SimpleNamespace(candidates=[None] * 300)
+    best = SimpleNamespace(recompute_cost=100.0)
+    for problem, bound, want in ((big, 90.0, ROUND_GAP_MAX), (big, 99.0, max(2.5e-3, ROUND_GAP_SHARE * 0.01)),
+                                 (big, 99.9, 2.5e-3), (small, 90.0, 2.5e-3)):
+        state = SimpleNamespace(problem=problem, best=best, bound=bound, rel_gap=2.5e-3)
+        assert math.isclose(_round_gap(state), want), (len(problem.candidates), bound)
+    assert _round_gap(SimpleNamespace(problem=big, best=None, bound=0.0, rel_gap=2.5e-3)) == 2.5e-3
