@@ -24,14 +24,20 @@ RATE_STEPS = 40
 RATE_FEE = 1e-3
 
 
-def _removes_live(problem: Problem, st: SearchState,
-                  closed: tuple[frozenset[str], frozenset[str], float]) -> bool:
-    """The move frees something live at the peak: a value no longer saved or recomputed there.
+def _live_taken(problem: Problem, st: SearchState,
+                closed: tuple[frozenset[str], frozenset[str], float]) -> set[str]:
+    """Storages of the values live at the peak that the move no longer saves or recomputes.
     (``st.live`` names storages of saved and forward buffers, values of recomputed ones.)"""
     kept, recomputed, _ = closed
     by_name = problem.by_name
-    return any(v in st.live or by_name[v].storage_id in st.live
-               for v in (st.recomputed - recomputed) | (st.saved - kept))
+    return {by_name[v].storage_id for v in (st.recomputed - recomputed) | (st.saved - kept)
+            if v in st.live or by_name[v].storage_id in st.live}
+
+
+def _removes_live(problem: Problem, st: SearchState,
+                  closed: tuple[frozenset[str], frozenset[str], float]) -> bool:
+    """The move frees something live at the peak: a value no longer saved or recomputed there."""
+    return bool(_live_taken(problem, st, closed))
 
 
 def repair_overshoot(problem: Problem, saved: frozenset[str], peak_budget: int, budget: int | None,
@@ -91,12 +97,13 @@ def repair_by_rate(problem: Problem, saved: frozenset[str], peak_budget: int, bu
         if over == 0:
             return st
         fee = RATE_FEE * st.cost  # a move that frees a few bytes at no cost is no progress
+        live_storages = set(st.live) | {problem.by_name[v].storage_id for v in st.live if v in problem.by_name}
         ranked = []
         for moved in moves(problem, st, only=near_peak(problem, st)):
             if judge.out_of_time():
                 return None
             got = judge.close(moved)
-            freed = _freed_at_peak(problem, st, got) if got is not None else 0
+            freed = _freed_at_peak(problem, st, got, live_storages) if got is not None else 0
             if got is not None and freed > 0:
                 ranked.append(((got[2] - st.cost + fee) / freed, got))
         ranked.sort(key=lambda r: r[0])
@@ -120,14 +127,12 @@ def repair_by_rate(problem: Problem, saved: frozenset[str], peak_budget: int, bu
     return st if judge.over(st) == 0 else None
 
 
-def _freed_at_peak(problem: Problem, st: SearchState, closed: tuple[frozenset[str], frozenset[str], float]) -> int:
+def _freed_at_peak(problem: Problem, st: SearchState, closed: tuple[frozenset[str], frozenset[str], float],
+                   live_storages: set[str]) -> int:
     """Bytes a move takes off the peak moment, by the live set alone: storages live there that the
-    plan no longer saves or recomputes, less storages it newly saves that were not live there."""
-    kept, recomputed, _ = closed
-    by_name, size, live = problem.by_name, problem.storage_size, st.live
-    gone = {by_name[v].storage_id for v in (st.recomputed - recomputed) | (st.saved - kept)
-            if v in live or by_name[v].storage_id in live}
-    gone -= {by_name[v].storage_id for v in kept}
-    live_storages = set(live) | {by_name[v].storage_id for v in live if v in by_name}
+    plan no longer saves or recomputes, less storages it newly saves that were not live there
+    (``live_storages``: the storages of ``st.live``)."""
+    kept, by_name, size = closed[0], problem.by_name, problem.storage_size
+    gone = _live_taken(problem, st, closed) - {by_name[v].storage_id for v in kept}
     added = {by_name[v].storage_id for v in kept - st.saved} - live_storages
     return sum(size[g] for g in gone) - sum(size[g] for g in added)

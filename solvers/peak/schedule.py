@@ -18,7 +18,7 @@ from . import strategy_lowered as lowered
 from . import strategy_relaxation as relaxation
 from . import strategy_search as search
 from .settings import (CUT_FIRST_NO_PLAN_SHARE, CUT_FIRST_SHARE, CUT_NO_PLAN_SHARE, CUT_SHARE, GRAFT_SHARE,
-                       LAYERS_SHARE, RELAX_SHARE, SEARCH_MAX_VALUES, SHRINK_SHARE, SHRINK_SHARE_MIXING,
+                       LAYERS_SHARE, RELAX_SHARE, SHRINK_SHARE, SHRINK_SHARE_MIXING,
                        STALL_MIN_S)
 from .state import PeakState
 
@@ -46,17 +46,13 @@ def no(condition: Condition) -> Condition:
 
 
 fits = PeakState.fits  # a plan fits
+small = PeakState.small  # a graph the local search still gains on once a plan fits
 mixing = layers.worth_mixing  # repeated layers, and checkpointing them is not far off the bound
 
 
 def overshot(state: PeakState) -> bool:
     """The first relaxation's plan overshoots the simulation: what the cut rounds start from."""
     return state.relaxed_curve is not None and state.overshoot > 0
-
-
-def small(state: PeakState) -> bool:
-    """A graph the local search still gains on once a plan fits; beyond, the cut rounds get its time."""
-    return len(state.problem.candidates) <= SEARCH_MAX_VALUES
 
 
 searching = no(both(fits, no(small)))  # the local search runs: a small graph, or no plan fits yet

@@ -22,7 +22,8 @@ from .relaxation import Relaxed, solve_relaxation
 from .repair import repair_overshoot
 from .rows import peak_rows
 from .settings import (EFFORT_POWER, FINISH_SHARE, FULL_EFFORT_VALUES, MIN_EFFORT_S,
-                       MIN_RESOLVE_SHARE, NEAR_FIT, RELAX_GAP_SHARE, REPAIR_SHARE)
+                       MIN_RESOLVE_SHARE, NEAR_FIT, RELAX_GAP_SHARE, REPAIR_SHARE,
+                       SEARCH_MAX_VALUES)
 
 
 class Clock:
@@ -92,6 +93,11 @@ class PeakState:
     def fits(self) -> bool:
         return self.best is not None
 
+    def small(self) -> bool:
+        """A graph the local search still gains on once a plan fits (``SEARCH_MAX_VALUES``);
+        beyond, the cut rounds get its time and repair their own plans."""
+        return len(self.problem.candidates) <= SEARCH_MAX_VALUES
+
     def done(self, gaps: float = 1.0) -> bool:
         """The best plan is within ``gaps`` times the solve's gap of the bound."""
         return self.best is not None \
@@ -153,8 +159,8 @@ class PeakState:
         began = time.perf_counter()
         got = solve_relaxation(self.problem, self.model, self.rows, target, self.budget,
                                threads=self.threads, seed=self.seed, time_limit_s=limit,
-                               cuts=(self.cuts, self.cut_steps), rel_gap=rel_gap or self.rel_gap, probing=probing,
-                               forward=self.forward_rows)
+                               cuts=(self.cuts, self.cut_steps), probing=probing, forward=self.forward_rows,
+                               rel_gap=self.rel_gap if rel_gap is None else rel_gap)
         if self.first_relax_s is None:
             self.first_relax_s = time.perf_counter() - began
         return got

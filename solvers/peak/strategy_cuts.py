@@ -25,7 +25,7 @@ from .search import Judge
 from .spend import spend_budget
 from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,
                        PROBING_MAX_VALUES, ROUND_GAP_MAX, ROUND_GAP_SHARE, ROUND_GRAFT_SHARE, ROUND_REPAIR_FIT,
-                       ROUND_REPAIR_KEEP, ROUND_REPAIR_SHARE, ROUND_SPEND_EVALUATIONS, SEARCH_MAX_VALUES)
+                       ROUND_REPAIR_KEEP, ROUND_REPAIR_SHARE, ROUND_SPEND_EVALUATIONS)
 from .state import PeakState
 
 
@@ -98,7 +98,7 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     state.cut_steps.extend(new)
     began = time.perf_counter()
     # on a big graph, time kept for repairing the round's plan (HiGHS often runs to its limit there)
-    keep = state.share(ROUND_REPAIR_KEEP) if _big(state) else 0.0
+    keep = 0.0 if state.small() else state.share(ROUND_REPAIR_KEEP)
     limit = min(until - began, state.left())
     again = state.relax(peak_budget, limit - keep if limit > 2 * keep else limit, probing=memory.probing,
                         rel_gap=_round_gap(state))
@@ -121,18 +121,13 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     return raised
 
 
-def _big(state: PeakState) -> bool:
-    """A graph on which no local search runs once a plan fits (``settings.SEARCH_MAX_VALUES``)."""
-    return len(state.problem.candidates) > SEARCH_MAX_VALUES
-
-
 def _round_gap(state: PeakState) -> float:
     """HiGHS's gap for a round on a big graph: a share of the solve's gap still open (at most
     ``ROUND_GAP_MAX``), at least the relaxation's own. A wide gap needs the round's plan and a
     rough bound soon (the last tenths of a percent of a round's proof took minutes at 7B), a
     narrow one the proof."""
     best = state.best
-    if best is None or best.recompute_cost <= 0 or not _big(state):
+    if best is None or best.recompute_cost <= 0 or state.small():
         return state.rel_gap  # a smaller graph's rounds are quick at the relaxation's own gap
     open_gap = (best.recompute_cost - state.bound) / best.recompute_cost
     return max(state.rel_gap, min(ROUND_GAP_MAX, ROUND_GAP_SHARE * open_gap))
@@ -157,7 +152,7 @@ def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryC
 def _repair_round_plan(state: PeakState, plan: Plan, over: int, until: float) -> None:
     """On a big graph, the round's plan repaired where it overshoots by at most ``ROUND_REPAIR_FIT``
     of the budget and costs less than the best by more than the solve's gap."""
-    if not _big(state) or not 0 < over <= ROUND_REPAIR_FIT * state.peak_budget:
+    if state.small() or not 0 < over <= ROUND_REPAIR_FIT * state.peak_budget:
         return  # a smaller graph's local search starts from the rounds' plans
     if state.best is not None and plan.recompute_cost >= (1 - state.gap) * state.best.recompute_cost:
         return

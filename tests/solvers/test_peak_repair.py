@@ -134,13 +134,19 @@ def test_a_rounds_gap_is_a_share_of_the_open_gap_on_big_graphs_only():
     from types import SimpleNamespace
 
     from solvers.peak.settings import ROUND_GAP_MAX, ROUND_GAP_SHARE
+    from solvers.peak.state import PeakState
     from solvers.peak.strategy_cuts import _round_gap
+
+    def state_of(**fields):  # the fields _round_gap reads, and PeakState's own small()
+        state = SimpleNamespace(**fields)
+        state.small = lambda: PeakState.small(state)
+        return state
 
     big = SimpleNamespace(candidates=[None] * 3000)
     small = SimpleNamespace(candidates=[None] * 300)
     best = SimpleNamespace(recompute_cost=100.0)
     for problem, bound, want in ((big, 90.0, ROUND_GAP_MAX), (big, 99.0, max(2.5e-3, ROUND_GAP_SHARE * 0.01)),
                                  (big, 99.9, 2.5e-3), (small, 90.0, 2.5e-3)):
-        state = SimpleNamespace(problem=problem, best=best, bound=bound, rel_gap=2.5e-3)
+        state = state_of(problem=problem, best=best, bound=bound, rel_gap=2.5e-3)
         assert math.isclose(_round_gap(state), want), (len(problem.candidates), bound)
-    assert _round_gap(SimpleNamespace(problem=big, best=None, bound=0.0, rel_gap=2.5e-3)) == 2.5e-3
+    assert _round_gap(state_of(problem=big, best=None, bound=0.0, rel_gap=2.5e-3)) == 2.5e-3
