@@ -59,13 +59,14 @@ searching = no(both(fits, no(small)))  # the local search runs: a small graph, o
 
 SCHEDULE: tuple[Phase, ...] = (
     Phase("relaxation", relaxation.run, RELAX_SHARE),
+    # a big graph with a plan that fits: the cut rounds first, with all the time (their first
+    # round's HiGHS solve decides the bound, and the phases below rarely beat the rounds' plans)
+    Phase("cut rounds", cuts.run_to_end, END, when=both(overshot, no(searching))),
     Phase("lowered budgets", lowered.run, SHRINK_SHARE_MIXING, when=mixing),
     Phase("lowered budgets", lowered.run, SHRINK_SHARE, when=no(mixing)),
     Phase("layer mix", layers.run, LAYERS_SHARE, when=mixing),
     Phase("grafts", graft.run, GRAFT_SHARE, when=fits),
-    # a first turn of cut rounds, seeding the local search with their plans (where no search
-    # follows, one turn with all the time)
-    Phase("cut rounds", cuts.run_to_end, END, when=both(overshot, no(searching))),
+    # a first turn of cut rounds, seeding the local search with their plans
     Phase("cut rounds", cuts.run, CUT_FIRST_SHARE, when=both(overshot, fits, searching)),
     Phase("cut rounds", cuts.run, CUT_FIRST_NO_PLAN_SHARE, when=both(overshot, no(fits))),
     Phase("local search", search.run, EFFORT, keep=CUT_SHARE, when=both(overshot, searching)),
