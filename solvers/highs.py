@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +55,19 @@ class HighsAnswer:
     detail: dict[str, object] = field(default_factory=dict)
 
 
+# the process's stdout is switched off while a HiGHS instance is made: one thread at a time, or
+# one thread's restore can leave it off for good
+_quiet_lock = threading.Lock()
+
+
 def quiet_highs(highspy: Any) -> Any:
     """A HiGHS instance, without the banner its constructor prints to the process's stdout (it
     comes before any option can turn output off, and lands in the middle of a run's table)."""
+    with _quiet_lock:
+        return _made_quietly(highspy)
+
+
+def _made_quietly(highspy: Any) -> Any:
     sys.stdout.flush()
     saved = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -96,11 +107,15 @@ def _lp(highspy: Any, p: Program) -> Any:
 def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
               hint: Sequence[int] | None = None, rel_gap: float = 1e-4, abs_gap: float | None = None,
               threads: int | None = None, seed: int | None = None, probing: bool = True,
-              node_limit: int | None = None) -> HighsAnswer:
+              node_limit: int | None = None, on_solution: Callable[[list[int]], None] | None = None,
+              stop: threading.Event | None = None) -> HighsAnswer:
     """Solve ``p`` with HiGHS in ``time_limit_s`` (building the model counts). ``hint``: a start
     solution; ``probing``: HiGHS's presolve probes the binaries (off where the program solves at its
     root anyway and the probing is most of the time). HiGHS's bound scaling (``user_bound_scale``)
     stays off: with its presolve's probing it has called a costlier plan optimal (#43).
+    ``on_solution``: called (from HiGHS's thread) with the first ``n_values`` values, rounded, of
+    each better solution HiGHS finds on the way. ``stop``: set, the solve stops at HiGHS's next
+    check (a few a second) with what it has, as after Ctrl-C in the main thread.
     Status "failed": HiGHS stopped for a reason that gives no answer (``detail["highs_status"]``)."""
     import highspy
 
@@ -130,7 +145,9 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
         sol.col_value = [float(v) for v in hint]
         sol.value_valid = True
         h.setSolution(sol)
-    with interrupt.stop_on_sigint(lambda: h.cancelSolve()):
+    stop = threading.Event() if stop is None else stop
+    _subscribe(h, n_values, on_solution, stop)
+    with interrupt.stop_on_sigint(stop.set):
         h.run()
     st = h.getModelStatus()
     ms = highspy.HighsModelStatus
@@ -157,12 +174,30 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
                 raise RuntimeError(f"HiGHS returned a solution of objective {got}, reported {objective}")
             again = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.01),
                               n_values=n_values, rel_gap=rel_gap, abs_gap=abs_gap, threads=threads,
-                              seed=seed, probing=probing, node_limit=node_limit)
+                              seed=seed, probing=probing, node_limit=node_limit, on_solution=on_solution,
+                              stop=stop)
             again.detail["highs_start_dropped"] = True
             return again
     bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
     status = "optimal" if st == ms.kOptimal and has_sol else "feasible" if has_sol else "unknown"
     return HighsAnswer(status, values, bound, objective, detail)
+
+
+def _subscribe(h: Any, n_values: int, on_solution: Callable[[list[int]], None] | None,
+               stop: threading.Event) -> None:
+    """HiGHS's MIP callbacks: its interrupt check asks ``stop`` (highspy's ``cancelSolve`` does
+    nothing unless every simplex iteration calls into Python too); each better solution goes to
+    ``on_solution``."""
+    def interrupted(event: Any) -> None:
+        if stop.is_set():
+            event.interrupt()
+
+    h.cbMipInterrupt.subscribe(interrupted)
+    if on_solution is not None:
+        def improved(event: Any) -> None:
+            on_solution([round(v) for v in event.data_out.mip_solution[:n_values]])
+
+        h.cbMipImprovingSolution.subscribe(improved)
 
 
 # ---- CP-SAT models as programs -------------------------------------------------------------------
@@ -222,14 +257,16 @@ def program_from_cpsat(m: Any, costs: dict[int, float]) -> Program:
 
 
 def solve_with_highs(m: Any, costs: dict[int, float], n_values: int, *, time_limit_s: float,
-                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None) -> HighsAnswer:
+                     rel_gap: float = 1e-4, probing: bool = True, node_limit: int | None = None,
+                     on_solution: Callable[[list[int]], None] | None = None,
+                     stop: threading.Event | None = None) -> HighsAnswer:
     """Minimize ``sum(costs[i] * x_i)`` over the CP-SAT model ``m`` with HiGHS; the answer's values
-    are the first ``n_values`` variables."""
+    are the first ``n_values`` variables (``on_solution``, ``stop``: as ``run_highs``'s)."""
     t0 = time.perf_counter()
     p = program_from_cpsat(m, costs)
     got = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.05),
                     n_values=n_values, rel_gap=rel_gap, probing=probing,
-                    node_limit=node_limit)
+                    node_limit=node_limit, on_solution=on_solution, stop=stop)
     if got.status == "failed":
         got.status = "unknown"  # a relaxation that proved nothing: its callers fall back to 0
     return got

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,7 +30,9 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
                      seed: int = 0, hint_saved: set[str] | None = None,
                      fixed: list[int] | None = None, engine: str = "highs",
                      cuts: tuple[CutContext, list[int]] | None = None, rel_gap: float = 1e-4,
-                     probing: bool = True, node_limit: int | None = None, forward: bool = False) -> Relaxed:
+                     probing: bool = True, node_limit: int | None = None, forward: bool = False,
+                     on_plan: Callable[[list[str]], None] | None = None,
+                     stop: threading.Event | None = None) -> Relaxed:
     """Least cost under the relaxation (and the saved-bytes ``budget``) by HiGHS, or by CP-SAT
     (``engine="cpsat"``: the same model, slower to prove on big graphs; the tests' cross-check;
     takes ``hint_saved``). ``fixed``: the program's variables pinned to these values (tests: a
@@ -37,7 +40,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
     at those backward steps for what recompute chains keep live. ``probing``: HiGHS's presolve probes the binaries.
     ``node_limit``: HiGHS's branch-and-bound nodes at most (a bound on work that does not depend
     on the machine's load). ``forward``: with the rows of ``solvers.peak.forward_rows`` (the
-    forward's own peak)."""
+    forward's own peak). ``on_plan``: called with each better plan HiGHS finds on the way (from its
+    thread); ``stop``: set, HiGHS stops with what it has."""
     peak_budget -= simulator(problem).floor_besides_graph()  # the rows count the graph alone
 
     def extend(m: Any, x: list[Any]) -> None:
@@ -54,7 +58,7 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
         raise ValueError(f"solve_relaxation: engine must be 'highs' or 'cpsat', got {engine!r}")
     if engine == "highs":
         return _solve_relaxation_highs(model, budget, extend, time_limit_s=time_limit_s, rel_gap=rel_gap,
-                                       probing=probing, node_limit=node_limit)
+                                       probing=probing, node_limit=node_limit, on_plan=on_plan, stop=stop)
 
     from ..errors import PlanError
     from ..mip_cpsat import CostScale, solve_cpsat
@@ -78,7 +82,8 @@ def solve_relaxation(problem: Problem, model: Model, rows: PeakRows, peak_budget
 
 def _solve_relaxation_highs(model: Model, budget: int | None, extend: Callable[[Any, list[Any]], None], *,
                             time_limit_s: float, rel_gap: float, probing: bool,
-                            node_limit: int | None = None) -> Relaxed:
+                            node_limit: int | None = None, on_plan: Callable[[list[str]], None] | None = None,
+                            stop: threading.Event | None = None) -> Relaxed:
     from ..highs import solve_with_highs
     from ..mip_cpsat import cpsat_program, saved_set
 
@@ -89,7 +94,8 @@ def _solve_relaxation_highs(model: Model, budget: int | None, extend: Callable[[
     scale = 1e3 / total if total > 0 else 1.0
     got = solve_with_highs(m, {i: c * scale for i, c in model.cost.items()}, model.num_vars,
                            time_limit_s=max(time_limit_s - (time.perf_counter() - began), 0.05),
-                           rel_gap=rel_gap, probing=probing, node_limit=node_limit)
+                           rel_gap=rel_gap, probing=probing, node_limit=node_limit, stop=stop,
+                           on_solution=None if on_plan is None else lambda values: on_plan(saved_set(model, values)))
     if got.status == "infeasible":
         return Relaxed("infeasible", None, None)
     bound = max(0.0, got.bound / scale) if got.bound is not None else 0.0

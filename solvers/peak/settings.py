@@ -66,10 +66,10 @@ NEAR_DONE_GAPS = 3.0
 # ROUND_REPAIR_SHARE
 ROUND_REPAIR_FIT = 0.10
 ROUND_REPAIR_SHARE = 0.35
-# ... and a round's relaxation leaves this share of the effort for it (when it has twice that);
-# then at most this many simulations spend what the repaired plan leaves unused
-ROUND_REPAIR_KEEP = 0.15
+# ... at most this many simulations spend what the repaired plan leaves unused (the repairs run
+# while the round's HiGHS solve does, which leaves this share of the effort for what follows it)
 ROUND_SPEND_EVALUATIONS = 1000
+ROUND_END_KEEP = 0.03
 # grafts (solvers.peak.graft): the cheapest plans that overshoot tried per turn, the turn's share,
 # and the share after a cut round (which leaves the round's plan time for its re-solve)
 GRAFT_PLANS = 6

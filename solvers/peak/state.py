@@ -9,8 +9,9 @@ bound only rises (``raise_bound``). Both, and the phase, go to ``solvers.progres
 from __future__ import annotations
 
 import math
+import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import interrupt, progress
 from ..errors import PlanError
@@ -149,18 +150,19 @@ class PeakState:
                    default=None)
 
     # the relaxation
-    def relax(self, target: int, limit: float, probing: bool = True, rel_gap: float | None = None) -> Relaxed:
+    def relax(self, target: int, limit: float, probing: bool = True, rel_gap: float | None = None,
+              on_plan: Callable[[list[str]], None] | None = None, stop: threading.Event | None = None) -> Relaxed:
         """The relaxation at peak budget ``target`` with the cut rows so far (HiGHS's gap
-        ``rel_gap``, by default the solve's share ``self.rel_gap``). A re-solve given
-        much less time than the first took is skipped: it would return nothing, and HiGHS's
-        presolve runs past a short limit."""
+        ``rel_gap``, by default the solve's share ``self.rel_gap``; ``on_plan``, ``stop``: as
+        ``solve_relaxation``'s). A re-solve given much less time than the first took is skipped:
+        it would return nothing, and HiGHS's presolve runs past a short limit."""
         if self.first_relax_s is not None and limit < MIN_RESOLVE_SHARE * self.first_relax_s:
             return Relaxed("unknown", None, None)
         began = time.perf_counter()
         got = solve_relaxation(self.problem, self.model, self.rows, target, self.budget,
                                threads=self.threads, seed=self.seed, time_limit_s=limit,
                                cuts=(self.cuts, self.cut_steps), probing=probing, forward=self.forward_rows,
-                               rel_gap=self.rel_gap if rel_gap is None else rel_gap)
+                               rel_gap=self.rel_gap if rel_gap is None else rel_gap, on_plan=on_plan, stop=stop)
         if self.first_relax_s is None:
             self.first_relax_s = time.perf_counter() - began
         return got

@@ -7,25 +7,31 @@ nearly fit. Each turn goes on from the last round's plan. On big graphs (where n
 runs once a plan fits) a round's plan that overshoots by a few percent and costs less than the
 best is repaired move by move (``solvers.peak.repair.repair_by_rate``), then what the repair
 left unused is spent (``solvers.peak.spend``): near the floor the rounds' plans are the only cheap
-plans within reach of fitting."""
+plans within reach of fitting. There the round's HiGHS solve runs in a thread of its own (it keeps
+to one core) while this one repairs each plan HiGHS finds on the way, so the solve, which decides
+the bound, gets the round's whole time."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .. import interrupt
 from ..liveness import MemoryCurve, peak_lower_bound
 from ..problem import Plan
 from . import strategy_graft
 from ..errors import PeakInfeasibleError
 from .cuts import violated_steps
+from .relaxation import Relaxed
 from .repair import repair_by_rate
 from .rows import relaxed_live
 from .search import Judge
 from .spend import spend_budget
 from .settings import (CUT_STALL_GAIN, CUT_STALL_ROUNDS, CUTS_PER_ROUND, NEAR_DONE_GAPS, NEAR_FIT,
                        PROBING_MAX_VALUES, ROUND_GAP_MAX, ROUND_GAP_SHARE, ROUND_GRAFT_SHARE, ROUND_REPAIR_FIT,
-                       ROUND_REPAIR_KEEP, ROUND_REPAIR_SHARE, ROUND_SPEND_EVALUATIONS)
+                       ROUND_END_KEEP, ROUND_REPAIR_SHARE, ROUND_SPEND_EVALUATIONS)
 from .state import PeakState
 
 
@@ -37,6 +43,7 @@ class _Rounds:
     round_s: float = 0.0  # how long the last round's solve took
     probing: bool = True  # HiGHS's presolve probing, until a round's program is solved
     stalled: bool = False  # the rounds stopped raising the bound while no plan fits
+    repaired: set[frozenset[str]] = field(default_factory=set)  # the rounds' plans repaired already
 
 
 def run(state: PeakState, seconds: float) -> None:
@@ -97,11 +104,12 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
         state.cuts.note(k, set(plan.saved), set(plan.recomputed))
     state.cut_steps.extend(new)
     began = time.perf_counter()
-    # on a big graph, time kept for repairing the round's plan (HiGHS often runs to its limit there)
-    keep = 0.0 if state.small() else state.share(ROUND_REPAIR_KEEP)
     limit = min(until - began, state.left())
-    again = state.relax(peak_budget, limit - keep if limit > 2 * keep else limit, probing=memory.probing,
-                        rel_gap=_round_gap(state))
+    if state.small():
+        again = state.relax(peak_budget, limit, probing=memory.probing, rel_gap=_round_gap(state))
+    else:  # HiGHS often runs to its limit here: a little time kept for what follows the round
+        keep = state.share(ROUND_END_KEEP)
+        again = _relax_repairing(state, memory, limit - keep if limit > 2 * keep else limit, until)
     memory.round_s = time.perf_counter() - began
     memory.probing = memory.probing and again.status != "optimal"
     if again.status == "infeasible":  # the cuts hold for every plan that fits
@@ -119,6 +127,52 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     state.offer(again.saved, "relaxation with cuts")
     memory.last = state.last_curve
     return raised
+
+
+def _relax_repairing(state: PeakState, memory: _Rounds, seconds: float, until: float) -> Relaxed:
+    """The round's relaxation solved in a thread of its own while this one offers and repairs
+    (``_repair_round_plan``) the latest plan HiGHS found, until the solve ends. Ctrl-C stops both."""
+    found: queue.Queue[list[str]] = queue.Queue()
+    stop = threading.Event()
+    answer: list[Relaxed | BaseException] = []
+
+    def solve() -> None:
+        try:
+            answer.append(state.relax(state.peak_budget, seconds, probing=memory.probing, rel_gap=_round_gap(state),
+                                      on_plan=found.put, stop=stop))
+        except BaseException as error:  # raised again in this thread
+            answer.append(error)
+
+    worker = threading.Thread(target=solve, name="opt-remat-cut-round", daemon=True)
+    with interrupt.stop_on_sigint(stop.set):
+        worker.start()
+        try:
+            while worker.is_alive():
+                saved = _latest(found)
+                if saved is not None and not interrupt.requested():
+                    state.last_curve = None
+                    state.offer(saved, "relaxation with cuts")
+                    if state.last_curve is not None:
+                        plan, curve = state.last_curve
+                        _repair_round_plan(state, memory, plan, curve.peak - state.peak_budget, until)
+        finally:
+            stop.set()  # the solve has ended, or this thread is leaving on an error
+            worker.join()
+    got = answer[0] if answer else Relaxed("unknown", None, None)
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def _latest(found: queue.Queue[list[str]]) -> list[str] | None:
+    """The last plan put in ``found`` (waiting a little for one), or None."""
+    try:
+        saved = found.get(timeout=0.2)
+    except queue.Empty:
+        return None
+    while not found.empty():
+        saved = found.get_nowait()
+    return saved
 
 
 def _round_gap(state: PeakState) -> float:
@@ -140,7 +194,7 @@ def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryC
     if over > 0:
         strategy_graft.run(state, min(state.share(ROUND_GRAFT_SHARE), max(0.0, until - time.perf_counter())),
                            first=current[0])
-    _repair_round_plan(state, current[0], over, until)
+    _repair_round_plan(state, memory, current[0], over, until)
     if 0 < over <= NEAR_FIT * state.peak_budget and time.perf_counter() < until - 0.5 \
             and not state.done(NEAR_DONE_GAPS):
         lowered = state.relax(state.peak_budget - over, min(until - time.perf_counter(), state.left()),
@@ -149,13 +203,16 @@ def _after_round(state: PeakState, memory: _Rounds, current: tuple[Plan, MemoryC
             state.offer(lowered.saved, "relaxation with cuts, lowered budget")
 
 
-def _repair_round_plan(state: PeakState, plan: Plan, over: int, until: float) -> None:
+def _repair_round_plan(state: PeakState, memory: _Rounds, plan: Plan, over: int, until: float) -> None:
     """On a big graph, the round's plan repaired where it overshoots by at most ``ROUND_REPAIR_FIT``
-    of the budget and costs less than the best by more than the solve's gap."""
+    of the budget and costs less than the best by more than the solve's gap (once)."""
     if state.small() or not 0 < over <= ROUND_REPAIR_FIT * state.peak_budget:
         return  # a smaller graph's local search starts from the rounds' plans
     if state.best is not None and plan.recompute_cost >= (1 - state.gap) * state.best.recompute_cost:
         return
+    if plan.saved in memory.repaired:
+        return
+    memory.repaired.add(plan.saved)
     seconds = min(state.share(ROUND_REPAIR_SHARE), until - time.perf_counter(), state.left())
     if seconds <= 0:
         return

@@ -4,6 +4,8 @@ simulated exactly, costs less than asked, and never less than the cheapest plan 
 
 import itertools
 import math
+import threading
+import time
 
 import pytest
 
@@ -113,14 +115,14 @@ def _big_state(seed, fraction):
 
 
 def test_a_cut_rounds_plan_that_nearly_fits_is_repaired_on_big_graphs():
-    from solvers.peak.strategy_cuts import _repair_round_plan
+    from solvers.peak.strategy_cuts import _Rounds, _repair_round_plan
 
     repaired = 0
     for seed in (0, 2):
         p, start, peak_budget, state = _big_state(seed, 0.95)
         over = simulate_plan(p, start.saved).peak - peak_budget
         before = state.best.recompute_cost if state.best is not None else math.inf
-        _repair_round_plan(state, start, over, until=math.inf)
+        _repair_round_plan(state, _Rounds(), start, over, until=math.inf)
         if state.best is None or state.best.recompute_cost >= before:
             continue
         repaired += 1
@@ -150,3 +152,51 @@ def test_a_rounds_gap_is_a_share_of_the_open_gap_on_big_graphs_only():
         state = state_of(problem=problem, best=best, bound=bound, rel_gap=2.5e-3)
         assert math.isclose(_round_gap(state), want), (len(problem.candidates), bound)
     assert _round_gap(state_of(problem=big, best=None, bound=0.0, rel_gap=2.5e-3)) == 2.5e-3
+
+
+def test_a_big_graphs_round_offers_the_plans_highs_finds_while_it_solves():
+    from solvers.peak import strategy_relaxation
+    from solvers.peak.strategy_cuts import _Rounds, _round
+
+    p, _, peak_budget, state = _big_state(0, 0.9)
+    strategy_relaxation.run(state, 20.0)
+    assert state.relaxed_curve is not None and state.overshoot > 0
+    solve, offer = state.relax, state.offer
+    found, threads, offered = [], [], []
+
+    def relax(target, limit, **kw):  # the round's solve, its plans noted on their way to the round
+        on_plan = kw.pop("on_plan")
+        threads.append(threading.current_thread())
+
+        def noted(saved):
+            found.append(frozenset(saved))
+            on_plan(saved)
+        got = solve(target, limit, on_plan=noted, **kw)
+        waited = time.perf_counter() + 10.0  # the solve ends once the round took up its last plan
+        while found and not any(saved == found[-1] for saved, _ in offered) and time.perf_counter() < waited:
+            time.sleep(0.05)
+        return got
+
+    def offer_noted(saved, solver):
+        offered.append((frozenset(saved), threads[0].is_alive()))
+        return offer(saved, solver)
+
+    state.relax, state.offer = relax, offer_noted
+    _round(state, _Rounds(), *state.relaxed_curve, until=time.perf_counter() + 20.0)
+    assert threads and threads[0] is not threading.main_thread() and not threads[0].is_alive()
+    # HiGHS's last plan offered while its solve ran, then again as the round's answer
+    assert found and (found[-1], True) in offered and (found[-1], False) in offered
+    assert state.bound <= state.best.recompute_cost + 1e-12
+
+
+def test_an_error_in_the_rounds_solve_reaches_the_caller():
+    from solvers.peak.strategy_cuts import _Rounds, _relax_repairing
+
+    *_, state = _big_state(1, 0.9)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("HiGHS rejected the model")
+
+    state.relax = broken
+    with pytest.raises(RuntimeError, match="rejected"):
+        _relax_repairing(state, _Rounds(), 5.0, time.perf_counter() + 5.0)
