@@ -106,16 +106,18 @@ def _lp(highspy: Any, p: Program) -> Any:
 
 def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
               hint: Sequence[int] | None = None, rel_gap: float = 1e-4, abs_gap: float | None = None,
-              threads: int | None = None, seed: int | None = None, probing: bool = True,
+              seed: int | None = None, probing: bool = True,
               node_limit: int | None = None, on_solution: Callable[[list[int]], None] | None = None,
               stop: threading.Event | None = None) -> HighsAnswer:
     """Solve ``p`` with HiGHS in ``time_limit_s`` (building the model counts). ``hint``: a start
     solution; ``probing``: HiGHS's presolve probes the binaries (off where the program solves at its
     root anyway and the probing is most of the time). HiGHS's bound scaling (``user_bound_scale``)
-    stays off: with its presolve's probing it has called a costlier plan optimal (#43).
-    ``on_solution``: called (from HiGHS's thread) with the first ``n_values`` values, rounded, of
-    each better solution HiGHS finds on the way. ``stop``: set, the solve stops at HiGHS's next
-    check (a few a second) with what it has, as after Ctrl-C in the main thread.
+    stays off: with its presolve's probing it has called a costlier plan optimal (#43). No thread
+    count: HiGHS's thread pool is one per process, of the size its first solve set, and a solve
+    asking another size fails at once (status "Not Set"). ``on_solution``: called (from HiGHS's
+    thread) with the first ``n_values`` values, rounded, of each better solution HiGHS finds on
+    the way. ``stop``: set, the solve stops at HiGHS's next check (a few a second) with what it
+    has, as after Ctrl-C in the main thread.
     Status "failed": HiGHS stopped for a reason that gives no answer (``detail["highs_status"]``)."""
     import highspy
 
@@ -128,8 +130,6 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
     h.setOptionValue("mip_rel_gap", rel_gap)
     if abs_gap is not None:
         h.setOptionValue("mip_abs_gap", abs_gap)
-    if threads is not None:
-        h.setOptionValue("threads", max(1, threads))
     if seed is not None:
         h.setOptionValue("random_seed", seed)
     if not probing:
@@ -173,7 +173,7 @@ def run_highs(p: Program, *, time_limit_s: float, n_values: int | None = None,
             if hint is None:
                 raise RuntimeError(f"HiGHS returned a solution of objective {got}, reported {objective}")
             again = run_highs(p, time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.01),
-                              n_values=n_values, rel_gap=rel_gap, abs_gap=abs_gap, threads=threads,
+                              n_values=n_values, rel_gap=rel_gap, abs_gap=abs_gap,
                               seed=seed, probing=probing, node_limit=node_limit, on_solution=on_solution,
                               stop=stop)
             again.detail["highs_start_dropped"] = True

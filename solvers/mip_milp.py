@@ -63,7 +63,8 @@ def run_highs_model(model: Model, objective: dict[int, float], budget: int | Non
                     hint: list[int] | None, *, time_limit_s: float, threads: int, seed: int = 0,
                     cap: tuple[dict[int, float], float] | None = None, gap_abs: float,
                     node_limit: int | None = None) -> EngineResult:
-    """The program with HiGHS (``solvers.highs.run_highs``); ``cap``: ``objective . x <= cap``."""
+    """The program with HiGHS (``solvers.highs.run_highs``); ``cap``: ``objective . x <= cap``.
+    ``threads`` is CBC's (the engines share a signature): HiGHS keeps one thread pool per process."""
     cols, coefs, lows = milp_rows(model)
     rows = [_summed(cs, vs) for cs, vs in zip(cols, coefs)]
     ups = [math.inf] * len(rows)
@@ -82,7 +83,7 @@ def run_highs_model(model: Model, objective: dict[int, float], budget: int | Non
                       upper=np.ones(model.num_vars), integer=[True] * model.num_vars, rows=rows,
                       row_lower=lows, row_upper=ups)
     got = run_highs(program, time_limit_s=time_limit_s, hint=hint, rel_gap=_MILP_GAP_REL,
-                    abs_gap=gap_abs, threads=threads, seed=seed, node_limit=node_limit)
+                    abs_gap=gap_abs, seed=seed, node_limit=node_limit)
     if got.status == "failed":
         raise RuntimeError(f"HiGHS failed: {got.detail.get('highs_status')}")
     return EngineResult(got.status, got.values, got.bound, got.detail)

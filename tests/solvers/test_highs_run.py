@@ -1,7 +1,8 @@
-"""HiGHS on the way (solvers.highs.run_highs): each better solution it finds reaches the caller,
-and a solve stops early when asked (an event set from another thread, or Ctrl-C), keeping what it
-found. The program: a market-split instance with slacks (Cornuejols and Dawande), which HiGHS
-improves on for a while and does not prove within the tests' limits."""
+"""HiGHS as run_highs drives it (solvers.highs): each better solution it finds reaches the caller,
+a solve stops early when asked (an event set from another thread, or Ctrl-C) keeping what it
+found, and solves asking different thread counts all run. The program: a market-split instance
+with slacks (Cornuejols and Dawande), which HiGHS improves on for a while and does not prove
+within the tests' limits."""
 
 import os
 import random
@@ -69,3 +70,18 @@ def test_ctrl_c_stops_a_solve_in_the_main_thread():
         interrupt.clear()
     assert time.perf_counter() - began < 15.0
     assert got.detail["highs_status"] == "Interrupted by user"
+
+
+def test_solves_asking_other_thread_counts_still_run():
+    # HiGHS's thread pool is one per process: a solve asking another size used to fail at once
+    # ("Not Set"), e.g. `milp` with `threads: 1` after a peak relaxation in the same process
+    from solvers.mip_milp import run_highs_model
+    from solvers.mip_model import build_model
+    from support.random_problems import random_problem
+
+    assert run_highs(_market_split(3), time_limit_s=0.5).values is not None
+    model = build_model(random_problem(0, n_forward=6, n_backward=4))
+    for threads in (1, 3):
+        got = run_highs_model(model, dict(model.cost), None, None, time_limit_s=5.0, threads=threads,
+                              gap_abs=1e-9)
+        assert got.status == "optimal", (threads, got.detail)
