@@ -105,11 +105,12 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     state.cut_steps.extend(new)
     began = time.perf_counter()
     limit = min(until - began, state.left())
+    gap = _round_gap(state)
     if state.small():
-        again = state.relax(peak_budget, limit, probing=memory.probing, rel_gap=_round_gap(state))
+        again = state.relax(peak_budget, limit, probing=memory.probing, rel_gap=gap)
     else:  # HiGHS often runs to its limit here: a little time kept for what follows the round
         keep = state.share(ROUND_END_KEEP)
-        again = _relax_repairing(state, memory, limit - keep if limit > 2 * keep else limit, until)
+        again = _relax_repairing(state, memory, limit - keep if limit > 2 * keep else limit, until, gap)
     memory.round_s = time.perf_counter() - began
     memory.probing = memory.probing and again.status != "optimal"
     if again.status == "infeasible":  # the cuts hold for every plan that fits
@@ -129,16 +130,18 @@ def _round(state: PeakState, memory: _Rounds, plan: Plan, curve: MemoryCurve, un
     return raised
 
 
-def _relax_repairing(state: PeakState, memory: _Rounds, seconds: float, until: float) -> Relaxed:
-    """The round's relaxation solved in a thread of its own while this one offers and repairs
-    (``_repair_round_plan``) the latest plan HiGHS found, until the solve ends. Ctrl-C stops both."""
+def _relax_repairing(state: PeakState, memory: _Rounds, seconds: float, until: float, rel_gap: float) -> Relaxed:
+    """The round's relaxation (at HiGHS's gap ``rel_gap``) solved in a thread of its own while this
+    one offers and repairs (``_repair_round_plan``) the latest plan HiGHS found, until the solve
+    ends. Ctrl-C stops both. The solve's thread reads nothing this one changes meanwhile."""
     found: queue.Queue[list[str]] = queue.Queue()
     stop = threading.Event()
     answer: list[Relaxed | BaseException] = []
+    probing = memory.probing
 
     def solve() -> None:
         try:
-            answer.append(state.relax(state.peak_budget, seconds, probing=memory.probing, rel_gap=_round_gap(state),
+            answer.append(state.relax(state.peak_budget, seconds, probing=probing, rel_gap=rel_gap,
                                       on_plan=found.put, stop=stop))
         except BaseException as error:  # raised again in this thread
             answer.append(error)

@@ -199,4 +199,4 @@ def test_an_error_in_the_rounds_solve_reaches_the_caller():
 
     state.relax = broken
     with pytest.raises(RuntimeError, match="rejected"):
-        _relax_repairing(state, _Rounds(), 5.0, time.perf_counter() + 5.0)
+        _relax_repairing(state, _Rounds(), 5.0, time.perf_counter() + 5.0, state.rel_gap)
